@@ -1,0 +1,39 @@
+"""The `batchproof` command: one subcommand per job, each defined in its own module.
+
+Command modules import nothing heavy at module level, so `batchproof probe` and
+`batchproof check` start without torch.
+"""
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help). Each module has add_arguments(parser) and run(args) -> int.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "generate": ("batchproof.generate_cmd", "generate one chat reply with logprobs"),
+    "serve": ("batchproof.serve_cmd", "serve the OpenAI-compatible API"),
+    "bench": ("batchproof.bench", "measure load, prefill and decode speed"),
+    "probe": ("batchproof.probe", "measure a server's batch parity and write a witness"),
+    "check": ("batchproof.check", "judge a witness against the serving-shape contract"),
+    "witness": ("batchproof.witness_cmd", "serve, probe and check in one command"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="batchproof", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (module_name, help_text) in COMMANDS.items():
+        module = importlib.import_module(module_name)
+        command_parser = sub.add_parser(name, help=help_text, description=help_text)
+        module.add_arguments(command_parser)
+        command_parser.set_defaults(run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,173 @@
+"""Reading a GGUF file: hyperparameters, tokenizer metadata and dequantized tensors."""
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+GGUF_MAGIC = b"GGUF"
+
+# GGUF tensor name -> our weight name; `blk.N.` prefixes are stripped before lookup.
+GLOBAL_TENSOR_NAMES: dict[str, str] = {
+    "token_embd.weight": "embed",
+    "output_norm.weight": "final_norm",
+    "output.weight": "lm_head",
+    "rope_freqs.weight": "rope_freqs",
+}
+LAYER_TENSOR_NAMES: dict[str, str] = {
+    "attn_norm.weight": "attn_norm",
+    "attn_q.weight": "wq",
+    "attn_k.weight": "wk",
+    "attn_v.weight": "wv",
+    "attn_q.bias": "bq",
+    "attn_k.bias": "bk",
+    "attn_v.bias": "bv",
+    "attn_q_norm.weight": "q_norm",
+    "attn_k_norm.weight": "k_norm",
+    "attn_output.weight": "wo",
+    "ffn_norm.weight": "ffn_norm",
+    "ffn_gate.weight": "w_gate",
+    "ffn_up.weight": "w_up",
+    "ffn_down.weight": "w_down",
+}
+
+# How each architecture's file lays out Q/K for RoPE: llama.cpp's converter permutes
+# llama Q/K rows so rotation pairs are adjacent; qwen files keep Hugging Face's halves.
+ROPE_STYLES: dict[str, Literal["adjacent", "halves"]] = {
+    "llama": "adjacent",
+    "qwen2": "halves",
+    "qwen3": "halves",
+}
+
+
+class ModelLoadError(Exception):
+    """A model file we cannot use; the message is one line naming the file and the problem."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Hyperparameters, all read from the file's metadata."""
+
+    arch: str
+    num_layers: int
+    dim: int
+    ffn_dim: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    context_len: int
+    rope_base: float
+    rope_dim: int
+    rope_style: Literal["adjacent", "halves"]
+    norm_eps: float
+
+
+@dataclass
+class ModelFile:
+    path: Path
+    spec: ModelSpec
+    metadata: dict[str, Any]
+    # name -> float32 array; layer tensors are keyed "layers.N.<name>".
+    tensors: dict[str, np.ndarray]
+
+
+def _open_reader(path: Path) -> Any:
+    import gguf
+
+    if not path.exists():
+        raise ModelLoadError(f"{path}: no such file")
+    if not path.is_file():
+        raise ModelLoadError(f"{path}: not a regular file")
+    with path.open("rb") as f:
+        magic = f.read(4)
+    if magic != GGUF_MAGIC:
+        raise ModelLoadError(f"{path}: not a GGUF file (starts with {magic!r}, expected b'GGUF')")
+    try:
+        return gguf.GGUFReader(path, "r")
+    except Exception as e:  # the reader raises whatever numpy or struct raised on a short file
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ModelLoadError(f"{path}: truncated or corrupt GGUF file ({reason})") from None
+
+
+def _metadata(reader: Any, path: Path) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF."):
+            continue
+        try:
+            values[name] = field.contents()
+        except Exception as e:
+            raise ModelLoadError(f"{path}: unreadable metadata key {name!r} ({e})") from None
+    return values
+
+
+def _spec(meta: dict[str, Any], tensors: dict[str, np.ndarray], path: Path) -> ModelSpec:
+    arch = meta.get("general.architecture")
+    if arch not in ROPE_STYLES:
+        raise ModelLoadError(
+            f"{path}: architecture {arch!r} is not supported (supported: {', '.join(ROPE_STYLES)})"
+        )
+
+    def need(key: str) -> Any:
+        full = f"{arch}.{key}"
+        if full not in meta:
+            raise ModelLoadError(f"{path}: metadata key {full!r} is missing")
+        return meta[full]
+
+    dim, num_heads = int(need("embedding_length")), int(need("attention.head_count"))
+    head_dim = int(meta.get(f"{arch}.attention.key_length", dim // num_heads))
+    if "embed" not in tensors:
+        raise ModelLoadError(f"{path}: tensor 'token_embd.weight' is missing")
+    return ModelSpec(
+        arch=arch,
+        num_layers=int(need("block_count")),
+        dim=dim,
+        ffn_dim=int(need("feed_forward_length")),
+        num_heads=num_heads,
+        num_kv_heads=int(meta.get(f"{arch}.attention.head_count_kv", num_heads)),
+        head_dim=head_dim,
+        vocab_size=int(tensors["embed"].shape[0]),
+        context_len=int(need("context_length")),
+        rope_base=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+        rope_dim=int(meta.get(f"{arch}.rope.dimension_count", head_dim)),
+        rope_style=ROPE_STYLES[arch],
+        norm_eps=float(need("attention.layer_norm_rms_epsilon")),
+    )
+
+
+def _our_name(gguf_name: str) -> str | None:
+    if gguf_name.startswith("blk."):
+        _, layer, rest = gguf_name.split(".", 2)
+        short = LAYER_TENSOR_NAMES.get(rest)
+        return None if short is None else f"layers.{layer}.{short}"
+    return GLOBAL_TENSOR_NAMES.get(gguf_name)
+
+
+def _dequantize(reader_tensor: Any, path: Path) -> np.ndarray:
+    import gguf.quants
+
+    qtype = reader_tensor.tensor_type
+    try:
+        values = gguf.quants.dequantize(reader_tensor.data, qtype)
+    except (NotImplementedError, KeyError, ValueError, TypeError) as e:
+        raise ModelLoadError(
+            f"{path}: tensor {reader_tensor.name!r} has type {qtype.name}, which we cannot read ({e})"
+        ) from None
+    # GGUF lists dims fastest-first; PyTorch wants [out, in].
+    shape = tuple(int(d) for d in reversed(reader_tensor.shape))
+    return np.ascontiguousarray(values.reshape(shape), dtype=np.float32)
+
+
+def read_model_file(path: Path) -> ModelFile:
+    path = Path(path)
+    reader = _open_reader(path)
+    meta = _metadata(reader, path)
+    tensors: dict[str, np.ndarray] = {}
+    for reader_tensor in reader.tensors:
+        name = _our_name(reader_tensor.name)
+        if name is not None:
+            tensors[name] = _dequantize(reader_tensor, path)
+    spec = _spec(meta, tensors, path)
+    return ModelFile(path=path, spec=spec, metadata=meta, tensors=tensors)

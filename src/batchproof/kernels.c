@@ -1,0 +1,270 @@
+/* Batch-invariant CPU kernels for float32 decode: matmul and attention.
+ *
+ * Why hand-written: BLAS libraries pick a different kernel, blocking and thread split
+ * for each row count, so a row's sum depends on how many rows share the call (MKL here
+ * changes results between 1, 2, 3 and 4 rows). In these kernels every output element
+ * is one vector accumulator walking K in order, reduced across lanes in one fixed
+ * sequence, computed by one thread; the row count, the row's position, the other rows
+ * and the thread count only decide which register or thread does the work, never the
+ * arithmetic. Loaded with ctypes; no Python API is used.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#include <Python.h>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define BP_X86 1
+#endif
+
+#define MT 4 /* rows of x per tile */
+#define NT 4 /* rows of w (outputs) per tile */
+
+/* ---------------- linear: y[m, n] = sum_k x[m, k] * w[n, k] (+ b[n]) ---------------- */
+
+#ifdef BP_X86
+__attribute__((target("avx512f")))
+static void tile_avx512(const float *x, const float *w, float *y, int64_t K, int64_t N, int mt, int nt,
+                        const float *next_w) {
+    __m512 acc[MT][NT];
+    for (int i = 0; i < MT; i++)
+        for (int j = 0; j < NT; j++) acc[i][j] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+        __m512 wv[NT];
+        for (int j = 0; j < nt; j++) {
+            wv[j] = _mm512_loadu_ps(w + j * K + k);
+            /* the next tile's weights stream in while this one computes */
+            _mm_prefetch((const char *)(next_w + j * K + k), _MM_HINT_T0);
+        }
+        for (int i = 0; i < mt; i++) {
+            __m512 xv = _mm512_loadu_ps(x + i * K + k);
+            for (int j = 0; j < nt; j++) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+        }
+    }
+    if (k < K) {
+        __mmask16 mask = (__mmask16)((1u << (K - k)) - 1u);
+        __m512 wv[NT];
+        for (int j = 0; j < nt; j++) wv[j] = _mm512_maskz_loadu_ps(mask, w + j * K + k);
+        for (int i = 0; i < mt; i++) {
+            __m512 xv = _mm512_maskz_loadu_ps(mask, x + i * K + k);
+            for (int j = 0; j < nt; j++) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+        }
+    }
+    for (int i = 0; i < mt; i++)
+        for (int j = 0; j < nt; j++) y[i * N + j] = _mm512_reduce_add_ps(acc[i][j]);
+}
+
+__attribute__((target("avx2,fma")))
+static float hsum_avx2(__m256 v) {
+    /* one fixed order: (lo + hi) halves, then pairs, then the last two */
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+
+__attribute__((target("avx2,fma")))
+static void tile_avx2(const float *x, const float *w, float *y, int64_t K, int64_t N, int mt, int nt,
+                      const float *next_w) {
+    __m256 acc[MT][NT];
+    for (int i = 0; i < MT; i++)
+        for (int j = 0; j < NT; j++) acc[i][j] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8) {
+        __m256 wv[NT];
+        for (int j = 0; j < nt; j++) {
+            wv[j] = _mm256_loadu_ps(w + j * K + k);
+            _mm_prefetch((const char *)(next_w + j * K + k), _MM_HINT_T0);
+        }
+        for (int i = 0; i < mt; i++) {
+            __m256 xv = _mm256_loadu_ps(x + i * K + k);
+            for (int j = 0; j < nt; j++) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
+        }
+    }
+    if (k < K) {
+        int32_t lanes[8];
+        for (int l = 0; l < 8; l++) lanes[l] = (k + l < K) ? -1 : 0;
+        __m256i mask = _mm256_loadu_si256((const __m256i *)lanes);
+        __m256 wv[NT];
+        for (int j = 0; j < nt; j++) wv[j] = _mm256_maskload_ps(w + j * K + k, mask);
+        for (int i = 0; i < mt; i++) {
+            __m256 xv = _mm256_maskload_ps(x + i * K + k, mask);
+            for (int j = 0; j < nt; j++) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
+        }
+    }
+    for (int i = 0; i < mt; i++)
+        for (int j = 0; j < nt; j++) y[i * N + j] = hsum_avx2(acc[i][j]);
+}
+#endif
+
+/* Portable path: 8 interleaved partial sums per output, combined in a fixed order
+ * (built with -ffp-contract=off, so no compiler decides to fuse some of them). */
+static void tile_scalar(const float *x, const float *w, float *y, int64_t K, int64_t N, int mt, int nt,
+                        const float *next_w) {
+    (void)next_w;
+    for (int i = 0; i < mt; i++)
+        for (int j = 0; j < nt; j++) {
+            float part[8] = {0};
+            for (int64_t k = 0; k < K; k++) part[k & 7] += x[i * K + k] * w[j * K + k];
+            y[i * N + j] = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+        }
+}
+
+typedef void (*tile_fn)(const float *, const float *, float *, int64_t, int64_t, int, int, const float *);
+
+static int isa_level(void) {
+#ifdef BP_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) return 2;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 1;
+#endif
+    return 0;
+}
+
+static tile_fn pick_tile(void) {
+#ifdef BP_X86
+    switch (isa_level()) {
+    case 2: return tile_avx512;
+    case 1: return tile_avx2;
+    }
+#endif
+    return tile_scalar;
+}
+
+/* 2: AVX-512, 1: AVX2+FMA, 0: portable. Results are invariant within one level. */
+int bp_isa_level(void) { return isa_level(); }
+
+void bp_linear_f32(const float *x, const float *w, const float *b, float *y, int64_t M, int64_t N, int64_t K,
+                   int num_threads) {
+    tile_fn tile = pick_tile();
+    int64_t num_tiles = (N + NT - 1) / NT;
+    /* Threads split outputs, never K: each output is summed by exactly one thread. */
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t t = 0; t < num_tiles; t++) {
+        int64_t n = t * NT;
+        int nt = (int)(N - n < NT ? N - n : NT);
+        const float *next_w = w + (t + 1 < num_tiles ? n + NT : n) * K;
+        for (int64_t m = 0; m < M; m += MT) {
+            int mt = (int)(M - m < MT ? M - m : MT);
+            tile(x + m * K, w + n * K, y + m * N + n, K, N, mt, nt, m == 0 ? next_w : w + n * K);
+        }
+        if (b)
+            for (int64_t m = 0; m < M; m++)
+                for (int j = 0; j < nt; j++) y[m * N + n + j] += b[n + j];
+    }
+}
+
+/* ---------------- decode attention, one sequence at a time ---------------- */
+
+/* One query head against its sequence's L keys: softmax(q.k * scale) @ v, every sum in
+ * position order. scores has room for L floats. */
+static void attend_scalar(const float *q, const float *keys, const float *values, float *o, float *scores,
+                          int64_t L, int64_t D, float scale) {
+    float max_score = -INFINITY;
+    for (int64_t j = 0; j < L; j++) {
+        float part[8] = {0};
+        for (int64_t d = 0; d < D; d++) part[d & 7] += q[d] * keys[j * D + d];
+        scores[j] = (((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]))) * scale;
+        if (scores[j] > max_score) max_score = scores[j];
+    }
+    float total = 0.0f;
+    for (int64_t j = 0; j < L; j++) {
+        scores[j] = expf(scores[j] - max_score);
+        total += scores[j];
+    }
+    for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
+    for (int64_t j = 0; j < L; j++)
+        for (int64_t d = 0; d < D; d++) o[d] += scores[j] * values[j * D + d];
+    float inv = 1.0f / total;
+    for (int64_t d = 0; d < D; d++) o[d] *= inv;
+}
+
+#ifdef BP_X86
+__attribute__((target("avx512f")))
+static void attend_avx512(const float *q, const float *keys, const float *values, float *o, float *scores,
+                          int64_t L, int64_t D, float scale) {
+    if (D % 16 != 0) {
+        attend_scalar(q, keys, values, o, scores, L, D, scale);
+        return;
+    }
+    float max_score = -INFINITY;
+    for (int64_t j = 0; j < L; j++) {
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t d = 0; d < D; d += 16)
+            acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), _mm512_loadu_ps(keys + j * D + d), acc);
+        scores[j] = _mm512_reduce_add_ps(acc) * scale;
+        if (scores[j] > max_score) max_score = scores[j];
+    }
+    float total = 0.0f;
+    for (int64_t j = 0; j < L; j++) {
+        scores[j] = expf(scores[j] - max_score);
+        total += scores[j];
+    }
+    for (int64_t d = 0; d < D; d += 16) {
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t j = 0; j < L; j++)
+            acc = _mm512_fmadd_ps(_mm512_set1_ps(scores[j]), _mm512_loadu_ps(values + j * D + d), acc);
+        _mm512_storeu_ps(o + d, _mm512_mul_ps(acc, _mm512_set1_ps(1.0f / total)));
+    }
+}
+
+__attribute__((target("avx2,fma")))
+static void attend_avx2(const float *q, const float *keys, const float *values, float *o, float *scores,
+                        int64_t L, int64_t D, float scale) {
+    if (D % 8 != 0) {
+        attend_scalar(q, keys, values, o, scores, L, D, scale);
+        return;
+    }
+    float max_score = -INFINITY;
+    for (int64_t j = 0; j < L; j++) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t d = 0; d < D; d += 8)
+            acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(keys + j * D + d), acc);
+        scores[j] = hsum_avx2(acc) * scale;
+        if (scores[j] > max_score) max_score = scores[j];
+    }
+    float total = 0.0f;
+    for (int64_t j = 0; j < L; j++) {
+        scores[j] = expf(scores[j] - max_score);
+        total += scores[j];
+    }
+    for (int64_t d = 0; d < D; d += 8) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t j = 0; j < L; j++)
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(scores[j]), _mm256_loadu_ps(values + j * D + d), acc);
+        _mm256_storeu_ps(o + d, _mm256_mul_ps(acc, _mm256_set1_ps(1.0f / total)));
+    }
+}
+#endif
+
+typedef void (*attend_fn)(const float *, const float *, const float *, float *, float *, int64_t, int64_t, float);
+
+/* q: [B, H, D]; caches: [slots, KVH, max_len, D] for one layer; out: [B, H, D].
+ * Row b attends to positions 0..lengths[b]-1 of slot slots[b]: only its own keys, in
+ * order, so its result never depends on the other rows. */
+void bp_decode_attention_f32(const float *q, const float *k_cache, const float *v_cache, float *out,
+                             const int64_t *slots, const int64_t *lengths, int64_t B, int64_t H, int64_t KVH,
+                             int64_t D, int64_t max_len, float scale, int num_threads) {
+    attend_fn attend = attend_scalar;
+#ifdef BP_X86
+    switch (isa_level()) {
+    case 2: attend = attend_avx512; break;
+    case 1: attend = attend_avx2; break;
+    }
+#endif
+    int64_t group = H / KVH;
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t bh = 0; bh < B * H; bh++) {
+        int64_t b = bh / H, h = bh % H, L = lengths[b];
+        int64_t base = (slots[b] * KVH + h / group) * max_len * D;
+        float *scores = (float *)PyMem_RawMalloc((size_t)L * sizeof(float));
+        attend(q + bh * D, k_cache + base, v_cache + base, out + bh * D, scores, L, D, scale);
+        PyMem_RawFree(scores);
+    }
+}
+
+/* Importable as a module too, so setuptools can build it; all use goes through ctypes. */
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels", "batch-invariant CPU kernels", -1, NULL};
+PyMODINIT_FUNC PyInit__kernels(void) { return PyModule_Create(&module); }

@@ -1,0 +1,38 @@
+"""The KV cache: one fixed region per batch slot, so a sequence's keys never move."""
+
+import torch
+
+
+class KVCache:
+    def __init__(
+        self,
+        num_layers: int,
+        num_slots: int,
+        num_kv_heads: int,
+        max_len: int,
+        head_dim: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
+        self.max_len = max_len
+        self.num_slots = num_slots
+        shape = (num_layers, num_slots, num_kv_heads, max_len, head_dim)
+        # torch.empty maps untouched pages lazily on CPU: memory grows with the longest
+        # sequence each slot has held, not with max_len up front.
+        self.k = torch.empty(shape, device=device, dtype=dtype)
+        self.v = torch.empty(shape, device=device, dtype=dtype)
+
+    def write_prompt(self, layer: int, slot: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v: [num_kv_heads, n, head_dim] for positions start..start+n-1 of one slot."""
+        n = k.shape[1]
+        self.k[layer, slot, :, start : start + n] = k
+        self.v[layer, slot, :, start : start + n] = v
+
+    def write_step(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v: [B, num_kv_heads, head_dim], one new position per slot."""
+        self.k[layer, slots, :, positions] = k
+        self.v[layer, slots, :, positions] = v
+
+    def view(self, layer: int, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """[num_kv_heads, length, head_dim] keys and values of one slot."""
+        return self.k[layer, slot, :, :length], self.v[layer, slot, :, :length]

@@ -1,0 +1,112 @@
+"""Logprobs as pure tensor functions: a fixed-order normaliser and top-k with exact ties."""
+
+from dataclasses import dataclass
+
+import torch
+
+# The normaliser sums in chunks of this many logits, then sums the chunk totals: the
+# same two reductions for every row, whatever the batch (torch splits one long row
+# across threads when it is alone, and not when it has company).
+NORMALIZER_CHUNK = 1024
+ABSENT_LOGPROB = -9999.0  # OpenAI's spelling of log(0) on the wire
+
+
+@dataclass(frozen=True, slots=True)
+class TopEntry:
+    token_id: int
+    logit: float
+    logprob: float
+
+
+@dataclass(frozen=True, slots=True)
+class TokenRecord:
+    """What one generated (or scored) token's logits said, read before sampling touched them."""
+
+    step: int
+    token_id: int
+    logprob: float
+    top: tuple[TopEntry, ...]
+
+    @property
+    def top2_margin(self) -> float | None:
+        return self.top[0].logit - self.top[1].logit if len(self.top) >= 2 else None
+
+
+@dataclass(frozen=True)
+class TopK:
+    """Per row: the best k tokens, best first, ties to the lower id; `counts[r]` are valid."""
+
+    ids: torch.Tensor  # [B, k] int64
+    logits: torch.Tensor  # [B, k]
+    logprobs: torch.Tensor  # [B, k]
+    counts: torch.Tensor  # [B] int64, k clamped to the row's non-NaN logits
+
+
+def log_normalizer(logits: torch.Tensor) -> torch.Tensor:
+    """logsumexp over each row's non-NaN logits: [B, V] -> [B]; stable for huge logits."""
+    clean = torch.where(logits.isnan(), float("-inf"), logits.float())
+    row_max = clean.amax(dim=-1, keepdim=True)  # exact, order-free
+    shift = torch.where(row_max.isfinite(), row_max, torch.zeros_like(row_max))
+    exps = (clean - shift).exp()
+    pad = -exps.shape[-1] % NORMALIZER_CHUNK
+    if pad:
+        exps = torch.nn.functional.pad(exps, (0, pad))  # zeros add nothing
+    total = exps.unflatten(-1, (-1, NORMALIZER_CHUNK)).sum(-1).sum(-1)  # [B]
+    return shift.squeeze(-1) + total.log()
+
+
+def top_k_logprobs(logits: torch.Tensor, k: int) -> TopK:
+    """The k best tokens of each row of [B, V] logits, with logit and logprob.
+
+    NaN is never ranked; k is clamped to the number of non-NaN logits; among equal
+    logits the lower id comes first.
+    """
+    batch, vocab = logits.shape
+    k = max(0, min(k, vocab))
+    nan = logits.isnan()
+    clean = torch.where(nan, float("-inf"), logits.float())
+    normalizer = log_normalizer(logits)
+    counts = torch.clamp((~nan).sum(-1), max=k)
+    if k == 0:
+        empty = torch.empty(batch, 0)
+        return TopK(empty.long(), empty, empty, counts)
+    # topk finds the threshold; every token at or above it is a candidate, so ties at
+    # the boundary are all present before we order them.
+    threshold = clean.topk(k, dim=-1).values[:, -1:]
+    rows, cols = ((clean >= threshold) & ~nan).nonzero(as_tuple=True)  # row-major, ids ascending
+    values = clean[rows, cols]
+    # Two stable sorts: by value (descending), then by row; ids stay ascending among ties.
+    order = values.sort(descending=True, stable=True).indices
+    order = order[rows[order].sort(stable=True).indices]
+    rows, cols, values = rows[order], cols[order], values[order]
+    per_row = torch.bincount(rows, minlength=batch)
+    starts = torch.cumsum(per_row, 0) - per_row
+    take = starts[:, None] + torch.arange(k)[None, :]  # [B, k]
+    take = torch.minimum(take, (starts + per_row - 1).clamp(min=0)[:, None])
+    if cols.numel() == 0:  # every logit NaN in every row
+        ids = torch.zeros(batch, k, dtype=torch.int64)
+        top_logits = torch.full((batch, k), float("nan"))
+    else:
+        ids, top_logits = cols[take], values[take]
+    return TopK(ids, top_logits, top_logits - normalizer[:, None], counts)
+
+
+def chosen_logprobs(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """[B, V] logits and [B] chosen ids -> [B] logprobs of the chosen tokens."""
+    picked = logits.float().gather(-1, token_ids[:, None]).squeeze(-1)
+    return picked - log_normalizer(logits)
+
+
+def build_records(logits: torch.Tensor, token_ids: list[int], top_ns: list[int], steps: list[int]) -> list[TokenRecord]:
+    """One record per row: the chosen token and the row's own top-N, from the same logits."""
+    top = top_k_logprobs(logits, max(top_ns, default=0))
+    chosen = chosen_logprobs(logits, torch.tensor(token_ids, dtype=torch.int64)).tolist()
+    ids, top_logits, top_logprobs = top.ids.tolist(), top.logits.tolist(), top.logprobs.tolist()
+    counts = top.counts.tolist()
+    records = []
+    for r, (token_id, n, step) in enumerate(zip(token_ids, top_ns, steps)):
+        entries = tuple(
+            TopEntry(ids[r][j], top_logits[r][j], top_logprobs[r][j]) for j in range(min(n, counts[r]))
+        )
+        records.append(TokenRecord(step=step, token_id=token_id, logprob=chosen[r], top=entries))
+    return records

@@ -1,0 +1,207 @@
+"""The transformer forward pass: llama / qwen2 / qwen3, read top to bottom like the architecture."""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from batchproof import kernels
+from batchproof.gguf_file import ModelFile, ModelSpec
+from batchproof.kv_cache import KVCache
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: torch.Tensor  # [dim]
+    wqkv: torch.Tensor  # [q_dim + 2 * kv_dim, dim]
+    bqkv: torch.Tensor | None  # [q_dim + 2 * kv_dim] (qwen2)
+    q_norm: torch.Tensor | None  # [head_dim] (qwen3)
+    k_norm: torch.Tensor | None
+    wo: torch.Tensor  # [dim, q_dim]
+    ffn_norm: torch.Tensor  # [dim]
+    w_gate_up: torch.Tensor  # [2 * ffn_dim, dim]
+    w_down: torch.Tensor  # [dim, ffn_dim]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def rope_tables(spec: ModelSpec, max_len: int, freq_factors: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin: [max_len, rope_dim / 2], computed as Hugging Face computes them (float32)."""
+    exponents = torch.arange(0, spec.rope_dim, 2, dtype=torch.int64).float() / spec.rope_dim
+    inv_freq = 1.0 / (spec.rope_base**exponents)
+    if freq_factors is not None:  # Llama 3.x long-context scaling, stored per frequency
+        inv_freq = inv_freq / freq_factors.float()
+    angles = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str, rope_dim: int) -> torch.Tensor:
+    """x: [n, heads, head_dim]; cos, sin: [n, rope_dim / 2] at each row's position."""
+    rot, rest = x[..., :rope_dim], x[..., rope_dim:]
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    if style == "adjacent":  # pairs (0,1), (2,3), ...
+        pairs = rot.unflatten(-1, (-1, 2))
+        a, b = pairs[..., 0], pairs[..., 1]
+        rotated = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
+    else:  # pairs (i, i + rope_dim / 2)
+        a, b = rot.chunk(2, dim=-1)
+        rotated = torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1)
+    return torch.cat((rotated, rest), dim=-1) if rest.shape[-1] else rotated
+
+
+class Transformer:
+    def __init__(self, spec: ModelSpec, layers: list[LayerWeights], embed: torch.Tensor, final_norm: torch.Tensor,
+                 lm_head: torch.Tensor, rope_freqs: torch.Tensor | None, max_len: int, num_threads: int) -> None:
+        self.spec = spec
+        self.num_threads = num_threads
+        # Our fixed-order kernels where they apply (float32 on CPU); torch elsewhere.
+        self.uses_kernels = kernels.available() and embed.device.type == "cpu" and embed.dtype == torch.float32
+        self.layers = layers
+        self.embed = embed  # [vocab, dim]
+        self.final_norm = final_norm
+        self.lm_head = lm_head  # [vocab, dim]; the same tensor as embed when tied
+        cos, sin = rope_tables(spec, max_len, rope_freqs)
+        self.rope_cos, self.rope_sin = cos.to(embed.device), sin.to(embed.device)
+        self.q_dim = spec.num_heads * spec.head_dim
+        self.kv_dim = spec.num_kv_heads * spec.head_dim
+        self.scale = 1.0 / math.sqrt(spec.head_dim)
+
+    @classmethod
+    def from_model_file(cls, model_file: ModelFile, device: torch.device, dtype: torch.dtype, max_len: int,
+                        num_threads: int) -> "Transformer":
+        t = model_file.tensors
+
+        def get(name: str) -> torch.Tensor:
+            return torch.from_numpy(t[name]).to(device=device, dtype=dtype)
+
+        def maybe(name: str) -> torch.Tensor | None:
+            return get(name) if name in t else None
+
+        layers = []
+        for i in range(model_file.spec.num_layers):
+            p = f"layers.{i}."
+            biases = [maybe(p + b) for b in ("bq", "bk", "bv")]
+            layers.append(LayerWeights(
+                attn_norm=get(p + "attn_norm"),
+                wqkv=torch.cat([get(p + "wq"), get(p + "wk"), get(p + "wv")]),
+                bqkv=torch.cat(biases) if all(b is not None for b in biases) else None,
+                q_norm=maybe(p + "q_norm"),
+                k_norm=maybe(p + "k_norm"),
+                wo=get(p + "wo"),
+                ffn_norm=get(p + "ffn_norm"),
+                w_gate_up=torch.cat([get(p + "w_gate"), get(p + "w_up")]),
+                w_down=get(p + "w_down"),
+            ))
+        embed = get("embed")
+        lm_head = get("lm_head") if "lm_head" in t else embed
+        rope_freqs = torch.from_numpy(t["rope_freqs"]) if "rope_freqs" in t else None
+        return cls(model_file.spec, layers, embed, get("final_norm"), lm_head, rope_freqs, max_len, num_threads)
+
+    # --- pieces shared by prefill and decode -------------------------------------------
+
+    def _linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+        if self.uses_kernels:
+            return kernels.linear(x, w, b, self.num_threads)
+        return F.linear(x, w, b)
+
+    def _qkv(self, layer: LayerWeights, h: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """h: [n, dim] -> q [n, heads, hd], k and v [n, kv_heads, hd], RoPE applied."""
+        s = self.spec
+        qkv = self._linear(h, layer.wqkv, layer.bqkv)  # [n, q_dim + 2 kv_dim]
+        q, k, v = qkv.split((self.q_dim, self.kv_dim, self.kv_dim), dim=-1)
+        q = q.unflatten(-1, (s.num_heads, s.head_dim))
+        k = k.unflatten(-1, (s.num_kv_heads, s.head_dim))
+        v = v.unflatten(-1, (s.num_kv_heads, s.head_dim))
+        if layer.q_norm is not None:  # qwen3 normalises each head before RoPE
+            q = rms_norm(q, layer.q_norm, s.norm_eps)
+            k = rms_norm(k, layer.k_norm, s.norm_eps)
+        cos, sin = self.rope_cos[positions], self.rope_sin[positions]
+        q = apply_rope(q, cos, sin, s.rope_style, s.rope_dim)
+        k = apply_rope(k, cos, sin, s.rope_style, s.rope_dim)
+        return q, k, v
+
+    def _mlp(self, layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:
+        h = rms_norm(x, layer.ffn_norm, self.spec.norm_eps)
+        gate, up = self._linear(h, layer.w_gate_up).chunk(2, dim=-1)  # [n, ffn_dim] each
+        return x + self._linear(F.silu(gate) * up, layer.w_down)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [n, dim] after the final norm -> [n, vocab] float32 logits."""
+        return self._linear(hidden, self.lm_head).float()
+
+    # --- prefill: one sequence's prompt (or a chunk of it) ---------------------------
+
+    def prefill(self, token_ids: torch.Tensor, start: int, slot: int, cache: KVCache) -> torch.Tensor:
+        """token_ids: [n] at positions start.. -> final hidden states [n, dim]."""
+        s = self.spec
+        n = token_ids.shape[0]
+        positions = torch.arange(start, start + n, device=token_ids.device)
+        x = self.embed[token_ids]  # [n, dim]
+        mask = None
+        if start > 0:  # a later chunk also sees every earlier position
+            key_pos = torch.arange(start + n, device=token_ids.device)
+            mask = key_pos[None, :] <= positions[:, None]  # [n, start + n]
+        for i, layer in enumerate(self.layers):
+            h = rms_norm(x, layer.attn_norm, s.norm_eps)
+            q, k, v = self._qkv(layer, h, positions)
+            cache.write_prompt(i, slot, start, k.transpose(0, 1), v.transpose(0, 1))
+            keys, values = cache.view(i, slot, start + n)  # [kv_heads, L, hd]
+            attn = F.scaled_dot_product_attention(
+                q.transpose(0, 1)[None], keys[None], values[None],
+                attn_mask=mask, is_causal=mask is None, scale=self.scale, enable_gqa=True,
+            )  # [1, heads, n, hd]
+            x = x + self._linear(attn[0].transpose(0, 1).flatten(1), layer.wo)
+            x = self._mlp(layer, x)
+        return rms_norm(x, self.final_norm, s.norm_eps)
+
+    # --- decode: one new token for each of several sequences ------------------------
+
+    def decode_rows(self, num_seqs: int, max_batch: int, is_batch_invariant: bool) -> int:
+        """How many rows a decode step runs for num_seqs sequences.
+
+        Our kernels give every row the same arithmetic at any row count. A BLAS does not
+        (it picks kernels by row count), so the invariant torch path pads every step to
+        max_batch rows: then every step runs the same kernel, blocking and thread split.
+        """
+        if self.uses_kernels or not is_batch_invariant:
+            return num_seqs
+        return max_batch
+
+    def decode(self, token_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+               num_real: int, cache: KVCache) -> torch.Tensor:
+        """token_ids, positions, slots: [rows], of which the first num_real are sequences and
+        the rest padding -> final hidden states [rows, dim].
+
+        Matmuls run over all rows; attention runs per sequence over that sequence's own
+        keys, so no row's arithmetic depends on how many others share the step.
+        """
+        s = self.spec
+        x = self.embed[token_ids]  # [rows, dim]
+        real_slots, real_pos = slots[:num_real], positions[:num_real]
+        lengths = real_pos + 1
+        for i, layer in enumerate(self.layers):
+            h = rms_norm(x, layer.attn_norm, s.norm_eps)
+            q, k, v = self._qkv(layer, h, positions)
+            cache.write_step(i, real_slots, real_pos, k[:num_real], v[:num_real])
+            attn = torch.zeros(x.shape[0], self.q_dim, device=x.device, dtype=x.dtype)
+            attn[:num_real] = self._decode_attention(i, q[:num_real], real_slots, lengths, cache).flatten(1)
+            x = x + self._linear(attn, layer.wo)
+            x = self._mlp(layer, x)
+        return rms_norm(x, self.final_norm, s.norm_eps)
+
+    def _decode_attention(self, layer: int, q: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor,
+                          cache: KVCache) -> torch.Tensor:
+        """q: [B, heads, hd], one query per sequence -> [B, heads, hd]."""
+        if self.uses_kernels:
+            return kernels.decode_attention(q, cache.k[layer], cache.v[layer], slots, lengths, self.scale,
+                                            self.num_threads)
+        s = self.spec
+        q_groups = q.unflatten(1, (s.num_kv_heads, s.num_heads // s.num_kv_heads))  # [B, kv_heads, group, hd]
+        out = torch.empty_like(q_groups)
+        for row, (slot, length) in enumerate(zip(slots.tolist(), lengths.tolist())):
+            keys, values = cache.view(layer, slot, length)
+            out[row] = F.scaled_dot_product_attention(q_groups[row], keys, values, scale=self.scale)
+        return out.flatten(1, 2)

@@ -1,0 +1,56 @@
+"""Turning scheduled sequences into model inputs and logits (prefill and batched decode)."""
+
+import torch
+
+from batchproof.kv_cache import KVCache
+from batchproof.logprobs import TokenRecord, build_records
+from batchproof.model import Transformer
+from batchproof.sequence import Sequence
+
+
+class ModelRunner:
+    def __init__(self, model: Transformer, cache: KVCache, max_batch: int, is_batch_invariant: bool,
+                 max_prefill_tokens: int) -> None:
+        self.model = model
+        self.cache = cache
+        self.max_batch = max_batch
+        self.is_batch_invariant = is_batch_invariant
+        self.max_prefill_tokens = max_prefill_tokens
+        self.device = model.embed.device
+
+    def prefill(self, seq: Sequence) -> tuple[torch.Tensor, list[TokenRecord | None] | None]:
+        """Feed the whole prompt of one sequence -> (last position's logits [V], prompt records).
+
+        Each prompt runs alone, in chunks whose bounds depend only on its own length, so a
+        prompt's numbers are the same whoever else arrived with it.
+        """
+        ids = torch.tensor(seq.prompt_ids, dtype=torch.int64, device=self.device)
+        want_prompt = seq.params.prompt_logprobs is not None
+        chunk_logits = []
+        hidden = None
+        for start in range(0, len(ids), self.max_prefill_tokens):
+            hidden = self.model.prefill(ids[start:start + self.max_prefill_tokens], start, seq.slot, self.cache)
+            if want_prompt:
+                chunk_logits.append(self.model.logits(hidden).cpu())
+        last = self.model.logits(hidden[-1:])[0].cpu()
+        if not want_prompt:
+            return last, None
+        logits = torch.cat(chunk_logits)  # [n, V]: row i predicts token i + 1
+        n = len(seq.prompt_ids)
+        scored = build_records(logits[:-1], seq.prompt_ids[1:], [seq.params.prompt_logprobs] * (n - 1),
+                               list(range(1, n)))
+        return last, [None, *scored]
+
+    def decode(self, seqs: list[Sequence]) -> torch.Tensor:
+        """One new token for each sequence, all in one forward pass -> logits [len(seqs), V]."""
+        num_seqs = len(seqs)
+        rows = self.model.decode_rows(num_seqs, self.max_batch, self.is_batch_invariant)
+        token_ids = torch.zeros(rows, dtype=torch.int64)
+        positions = torch.zeros(rows, dtype=torch.int64)
+        slots = torch.zeros(rows, dtype=torch.int64)
+        token_ids[:num_seqs] = torch.tensor([s.output_ids[-1] for s in seqs])
+        positions[:num_seqs] = torch.tensor([s.num_tokens - 1 for s in seqs])
+        slots[:num_seqs] = torch.tensor([s.slot for s in seqs])
+        hidden = self.model.decode(token_ids.to(self.device), positions.to(self.device), slots.to(self.device),
+                                   num_seqs, self.cache)
+        return self.model.logits(hidden)[:num_seqs].cpu()

@@ -1,0 +1,139 @@
+"""The probe's settings, checked once when they are made."""
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+DEFAULT_PROMPT = "Write an essay on compilers."
+
+
+def _flag(flag: str, help: str, metavar: str | None = None, parse: Any = str) -> dict[str, Any]:
+    """How a field appears on the command line (the CLI is built from these)."""
+    return {"flag": flag, "help": help, "metavar": metavar, "parse": parse}
+
+
+def parse_ladder(text: str) -> tuple[int, ...]:
+    """`1,4,8,16` as integers; their values are checked with the matrix (exit 4)."""
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    url: str = field(metadata=_flag("--url", "the server's base URL, e.g. http://127.0.0.1:8080", "URL"))
+    prompt: str = field(
+        default=DEFAULT_PROMPT,
+        metadata=_flag("--prompt", f"the user message (default: {DEFAULT_PROMPT!r})", "TEXT"),
+    )
+    ladder: tuple[int, ...] | None = field(
+        default=None,
+        metadata=_flag("--ladder", "concurrencies to fire (replaces the matrix's)", "1,4,8,16", parse_ladder),
+    )
+    server_log: Path | None = field(
+        default=None,
+        metadata=_flag("--server-log", "the server's log, read for `batch m=N done` lines", "FILE", Path),
+    )
+    witness: Path | None = field(
+        default=None, metadata=_flag("--witness", "write the JSON witness here", "OUT.json", Path)
+    )
+    matrix: Path | None = field(
+        default=None,
+        metadata=_flag("--matrix", "a perf-matrix.yaml to use instead of the shipped one", "FILE", Path),
+    )
+    model_file: Path | None = field(
+        default=None,
+        metadata=_flag("--model-file", "the served GGUF: recorded by name and sha256", "GGUF", Path),
+    )
+    binary: Path | None = field(
+        default=None,
+        metadata=_flag("--binary", "the server's executable or package: recorded by sha256", "FILE", Path),
+    )
+    served_model: str | None = field(
+        default=None,
+        metadata=_flag("--served-model", "the `model` to send (default: the first of /v1/models)", "NAME"),
+    )
+    host: str | None = field(default=None, metadata=_flag("--host", "the host that served", "H"))
+    commit: str | None = field(default=None, metadata=_flag("--commit", "the commit that served", "C"))
+    api_key: str | None = field(
+        default=None, metadata=_flag("--api-key", "sent as `Authorization: Bearer KEY`", "KEY")
+    )
+    timeout_s: float = field(
+        default=600.0, metadata=_flag("--timeout", "seconds one request may take (default 600)", "S", float)
+    )
+    # A batch is recorded when it finishes, which may trail its last stream by a few ms.
+    settle_s: float = field(
+        default=2.0,
+        metadata=_flag("--settle", "seconds a band waits for its batch record (default 2)", "S", float),
+    )
+    poll_s: float = 0.05  # how often /slots, /metrics and the log are read
+
+    def __post_init__(self) -> None:
+        try:
+            url = httpx.URL(self.url)
+        except (httpx.InvalidURL, TypeError) as err:
+            raise ValueError(f"--url {self.url!r} is not a URL ({err})") from None
+        if url.scheme not in ("http", "https") or not url.host:
+            raise ValueError(f"--url {self.url!r} must be an http:// or https:// URL with a host")
+        # Users of OpenAI clients often give the base URL with /v1; the routes add it.
+        base = self.url.rstrip("/").removesuffix("/v1").rstrip("/")
+        object.__setattr__(self, "url", base)
+        if not self.prompt.strip():
+            raise ValueError("--prompt must not be empty")
+        if not self.timeout_s > 0:
+            raise ValueError(f"--timeout must be positive, got {self.timeout_s}")
+        if not self.settle_s >= 0:
+            raise ValueError(f"--settle must not be negative, got {self.settle_s}")
+        if not self.poll_s > 0:
+            raise ValueError(f"poll interval must be positive, got {self.poll_s}")
+        # A blank identity is an unknown one: it is recorded as null, never as "".
+        for name in ("served_model", "host", "commit", "api_key"):
+            value = getattr(self, name)
+            if value is not None and not value.strip():
+                object.__setattr__(self, name, None)
+
+    def file_problem(self) -> str | None:
+        """The first given path that is not usable, or None; checked before any request."""
+        for flag, path in (
+            ("--server-log", self.server_log),
+            ("--model-file", self.model_file),
+            ("--binary", self.binary),
+        ):
+            if path is not None and not path.is_file():
+                what = "not a file" if path.exists() else "no such file"
+                return f"{flag} {path}: {what}"
+        if self.witness is not None:
+            if self.witness.is_dir():
+                return f"--witness {self.witness}: is a directory"
+            if not self.witness.absolute().parent.is_dir():
+                return f"--witness {self.witness}: its directory does not exist"
+        return None
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """One option per ProbeConfig field that has a flag."""
+    for f in dataclasses.fields(ProbeConfig):
+        if "flag" not in f.metadata:
+            continue
+        meta = f.metadata
+        default = None if f.default is dataclasses.MISSING else f.default
+        parser.add_argument(
+            meta["flag"],
+            dest=f.name,
+            type=meta["parse"],
+            metavar=meta["metavar"],
+            help=meta["help"],
+            default=default,
+            required=f.default is dataclasses.MISSING,
+        )
+
+
+def config_from_args(args: argparse.Namespace) -> ProbeConfig:
+    """The config from parsed options; raises ValueError for a bad value."""
+    names = [f.name for f in dataclasses.fields(ProbeConfig) if "flag" in f.metadata]
+    return ProbeConfig(**{name: getattr(args, name) for name in names})

@@ -1,0 +1,69 @@
+"""Per-request sampling settings (no torch: the server builds these from JSON)."""
+
+from dataclasses import dataclass, field
+
+
+class SamplingParamsError(ValueError):
+    """A setting out of range; `param` names the field as the API spells it."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def _check(ok: bool, param: str, message: str) -> None:
+    if not ok:
+        raise SamplingParamsError(param, message)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    seed: int | None = None
+    max_tokens: int = 16
+    min_tokens: int = 0
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    # None: no records kept; 0: the chosen token's logprob only; N: also the top N.
+    top_logprobs: int | None = None
+    # None: no prompt scoring; N: each prompt token's logprob and the top N before it.
+    prompt_logprobs: int | None = None
+
+    def __post_init__(self) -> None:
+        _check(0.0 <= self.temperature <= 2.0, "temperature", f"temperature must be in [0, 2], got {self.temperature}")
+        _check(self.top_k >= 0, "top_k", f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        _check(0.0 < self.top_p <= 1.0, "top_p", f"top_p must be in (0, 1], got {self.top_p}")
+        _check(0.0 <= self.min_p <= 1.0, "min_p", f"min_p must be in [0, 1], got {self.min_p}")
+        _check(self.repetition_penalty > 0.0, "repetition_penalty",
+               f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty",
+               f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
+        _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty",
+               f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
+        for token_id, bias in self.logit_bias.items():
+            _check(-100.0 <= bias <= 100.0, "logit_bias",
+                   f"logit_bias for token {token_id} must be in [-100, 100], got {bias}")
+        _check(self.max_tokens >= 0, "max_tokens", f"max_tokens must be >= 0, got {self.max_tokens}")
+        _check(0 <= self.min_tokens <= max(self.max_tokens, 0), "min_tokens",
+               f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
+        _check(all(isinstance(s, str) and s for s in self.stop), "stop", f"stop strings must be non-empty, got {self.stop!r}")
+        _check(self.top_logprobs is None or 0 <= self.top_logprobs, "top_logprobs",
+               f"top_logprobs must be >= 0, got {self.top_logprobs}")
+        _check(self.prompt_logprobs is None or 0 <= self.prompt_logprobs, "prompt_logprobs",
+               f"prompt_logprobs must be >= 0, got {self.prompt_logprobs}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
+                or self.frequency_penalty != 0.0 or bool(self.logit_bias))

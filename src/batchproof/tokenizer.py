@@ -1,0 +1,141 @@
+"""The tokenizer, built from GGUF metadata: byte-level BPE with exact per-token bytes."""
+
+import codecs
+from dataclasses import dataclass
+from typing import Any
+
+from tokenizers import AddedToken, Regex, Tokenizer as HFTokenizer, decoders, models, pre_tokenizers
+
+# GGUF token_type values (llama.cpp's llama_token_type).
+TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
+
+LLAMA3_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+QWEN2_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+# tokenizer.ggml.pre -> how text is split before BPE, as Hugging Face's tokenizer.json
+# for that family does it: ("digits",) splits every digit, ("split", regex) isolates
+# regex matches, ("gpt2",) is GPT-2's own regex inside the byte-level step.
+PRE_TOKENIZER_STEPS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "default": (("gpt2",),),
+    "gpt2": (("gpt2",),),
+    "smollm": (("digits",), ("gpt2",)),
+    "starcoder": (("digits",), ("gpt2",)),
+    "llama-bpe": (("split", LLAMA3_PATTERN),),
+    "llama3": (("split", LLAMA3_PATTERN),),
+    "qwen2": (("split", QWEN2_PATTERN),),
+}
+IGNORE_MERGES_PRE = {"llama-bpe", "llama3"}
+
+# Spellings that end a turn in the chat formats we know, besides the declared eos/eot.
+END_OF_TURN_SPELLINGS = {
+    "<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "<|end|>", "<end_of_turn>",
+}
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's printable stand-in character for each byte, inverted."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    chars = printable[:]
+    n = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(printable, chars)}
+
+
+def _pre_tokenizer(pre: str) -> Any:
+    steps = PRE_TOKENIZER_STEPS.get(pre)
+    if steps is None:
+        raise ValueError(f"tokenizer.ggml.pre {pre!r} is not supported (supported: {', '.join(PRE_TOKENIZER_STEPS)})")
+    parts = []
+    for step in steps:
+        if step[0] == "digits":
+            parts.append(pre_tokenizers.Digits(individual_digits=True))
+        elif step[0] == "split":
+            parts.append(pre_tokenizers.Split(Regex(step[1]), behavior="isolated", invert=False))
+    uses_gpt2_regex = any(step[0] == "gpt2" for step in steps)
+    parts.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=uses_gpt2_regex))
+    return pre_tokenizers.Sequence(parts)
+
+
+@dataclass(frozen=True)
+class SpecialIds:
+    bos_id: int | None
+    eos_id: int | None
+    end_of_turn_ids: frozenset[int]
+    add_bos: bool
+
+
+class Tokenizer:
+    """Text <-> ids, and each id's exact bytes."""
+
+    def __init__(self, metadata: dict[str, Any]) -> None:
+        model = metadata.get("tokenizer.ggml.model")
+        if model != "gpt2":
+            raise ValueError(f"tokenizer.ggml.model {model!r} is not supported (only byte-level BPE, 'gpt2')")
+        tokens: list[str] = list(metadata["tokenizer.ggml.tokens"])
+        types: list[int] = list(metadata.get("tokenizer.ggml.token_type", [TOKEN_NORMAL] * len(tokens)))
+        merges = [tuple(m.split(" ", 1)) for m in metadata["tokenizer.ggml.merges"]]
+        pre = metadata.get("tokenizer.ggml.pre", "default")
+        self.vocab_size = len(tokens)
+        self.tokens = tokens
+        bpe = models.BPE(
+            vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
+            ignore_merges=pre in IGNORE_MERGES_PRE,
+        )
+        self._hf = HFTokenizer(bpe)
+        self._hf.pre_tokenizer = _pre_tokenizer(pre)
+        self._hf.decoder = decoders.ByteLevel()
+        special = [i for i, t in enumerate(types) if t in (TOKEN_CONTROL, TOKEN_USER_DEFINED)]
+        self._hf.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False) for i in special])
+        self.special_ids = frozenset(special)
+
+        to_byte = _byte_decoder()
+        self._bytes: list[bytes] = [
+            t.encode("utf-8") if i in self.special_ids else bytes(to_byte[c] for c in t if c in to_byte)
+            for i, t in enumerate(tokens)
+        ]
+        eos = metadata.get("tokenizer.ggml.eos_token_id")
+        bos = metadata.get("tokenizer.ggml.bos_token_id")
+        declared = {metadata.get(k) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+                                              "tokenizer.ggml.eom_token_id")} - {None}
+        named = {i for i in special if tokens[i] in END_OF_TURN_SPELLINGS}
+        self.ids = SpecialIds(
+            bos_id=None if bos is None else int(bos),
+            eos_id=None if eos is None else int(eos),
+            end_of_turn_ids=frozenset(int(i) for i in declared | named),
+            add_bos=bool(metadata.get("tokenizer.ggml.add_bos_token", False)),
+        )
+
+    def encode(self, text: str, add_bos: bool = False) -> list[int]:
+        """Special-token spellings in `text` become their ids, as in a chat template's output."""
+        ids = self._hf.encode(text, add_special_tokens=False).ids
+        if add_bos and self.ids.bos_id is not None:
+            ids = [self.ids.bos_id, *ids]
+        return ids
+
+    def decode_bytes(self, token_id: int) -> bytes:
+        return self._bytes[token_id]
+
+    def decode(self, token_ids: list[int]) -> str:
+        return b"".join(self._bytes[i] for i in token_ids).decode("utf-8", errors="replace")
+
+    def token_text(self, token_id: int) -> str:
+        """The token's bytes read as UTF-8, a broken sequence shown as U+FFFD."""
+        return self._bytes[token_id].decode("utf-8", errors="replace")
+
+    def spelling(self, token_id: int) -> str:
+        return self.tokens[token_id]
+
+
+def incremental_utf8_decoder() -> codecs.IncrementalDecoder:
+    """Releases a character only once all its bytes have arrived."""
+    return codecs.getincrementaldecoder("utf-8")(errors="replace")
