@@ -34,7 +34,7 @@ class EngineConfig:
     )
     is_batch_invariant: bool = field(
         default=True,
-        metadata={"help": "decode matmuls at a fixed row count so batching never changes a bit"},
+        metadata={"help": "bitwise the same tokens and logprobs at any batch size (off: faster torch path)"},
     )
     num_threads: int | None = field(default=None, metadata={"help": "CPU threads (default: all cores)"})
     max_prefill_tokens: int = field(

@@ -94,6 +94,7 @@ class Engine:
                                   config.max_prefill_tokens)
         self.scheduler = Scheduler(config.max_batch, config.max_prefill_tokens)
         self.end_ids = self.tokenizer.ids.end_of_turn_ids
+        self.model_sha256 = file_sha256(self.model_path)
         self.load_time_s = time.perf_counter() - started
         self._sequences: dict[str, Sequence] = {}
         self._batch_start: float | None = None
@@ -270,7 +271,7 @@ class Engine:
         """Everything that shapes the numbers, for /v1/server_info and bench reports."""
         return {
             "model_path": str(self.model_path),
-            "model_sha256": file_sha256(self.model_path),
+            "model_sha256": self.model_sha256,
             "architecture": self.spec.arch,
             "device": str(self.device),
             "dtype": self.config.dtype,

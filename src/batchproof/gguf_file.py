@@ -157,7 +157,9 @@ def _dequantize(reader_tensor: Any, path: Path) -> np.ndarray:
         ) from None
     # GGUF lists dims fastest-first; PyTorch wants [out, in].
     shape = tuple(int(d) for d in reversed(reader_tensor.shape))
-    return np.ascontiguousarray(values.reshape(shape), dtype=np.float32)
+    values = np.ascontiguousarray(values.reshape(shape), dtype=np.float32)
+    # F32 tensors come back as read-only views of the mapped file; torch wants its own copy.
+    return values if values.flags.writeable else values.copy()
 
 
 def read_model_file(path: Path) -> ModelFile:

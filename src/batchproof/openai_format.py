@@ -1,0 +1,64 @@
+"""Engine records and deltas in OpenAI's wire shapes (chat entries, legacy logprobs, chunks)."""
+
+import json
+import math
+from typing import Any
+
+from batchproof.logprobs import ABSENT_LOGPROB, TokenRecord
+from batchproof.tokenizer import Tokenizer
+
+
+def dumps(obj: Any) -> str:
+    # allow_nan=False: a NaN or infinity reaching the wire is a bug, and it must fail loudly.
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def wire_logprob(value: float) -> float:
+    """-inf is sent as -9999.0 (OpenAI's convention); JSON has no infinities."""
+    return ABSENT_LOGPROB if value == -math.inf else value
+
+
+def _token(tokenizer: Tokenizer, token_id: int) -> tuple[str, list[int]]:
+    raw = tokenizer.decode_bytes(token_id)
+    return raw.decode("utf-8", errors="replace"), list(raw)
+
+
+def chat_entry(tokenizer: Tokenizer, record: TokenRecord) -> dict:
+    text, raw = _token(tokenizer, record.token_id)
+    top = []
+    for alt in record.top:
+        alt_text, alt_raw = _token(tokenizer, alt.token_id)
+        top.append({"token": alt_text, "logprob": wire_logprob(alt.logprob), "bytes": alt_raw})
+    return {"token": text, "logprob": wire_logprob(record.logprob), "bytes": raw, "top_logprobs": top}
+
+
+def legacy_logprobs(tokenizer: Tokenizer, records: list[TokenRecord | None], token_ids: list[int],
+                    text_start: int) -> dict:
+    """The /v1/completions shape; a None record (the first prompt token) scores as null."""
+    tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
+    offset = text_start
+    for token_id, record in zip(token_ids, records):
+        text, _ = _token(tokenizer, token_id)
+        tokens.append(text)
+        offsets.append(offset)
+        offset += len(text)
+        if record is None:
+            token_logprobs.append(None)
+            top_logprobs.append(None)
+            continue
+        token_logprobs.append(wire_logprob(record.logprob))
+        top_logprobs.append({_token(tokenizer, alt.token_id)[0]: wire_logprob(alt.logprob) for alt in record.top})
+    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
+            "text_offset": offsets}
+
+
+def usage(num_prompt: int, num_completion: int) -> dict:
+    return {"prompt_tokens": num_prompt, "completion_tokens": num_completion,
+            "total_tokens": num_prompt + num_completion}
+
+
+def sse(obj: Any) -> bytes:
+    return f"data: {dumps(obj)}\n\n".encode()
+
+
+SSE_DONE = b"data: [DONE]\n\n"

@@ -1,0 +1,84 @@
+"""Running one planned request: admission, deadline, disconnects, and failing closed."""
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from starlette.requests import Request
+
+from batchproof.async_engine import AsyncEngine
+from batchproof.errors import APIError
+from batchproof.metrics import Metrics
+from batchproof.request_plan import Plan
+from batchproof.sequence import RequestOutput
+
+QUEUE_RETRY_AFTER_S = 1
+
+
+def new_request_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def admit(engine: AsyncEngine, max_queue: int) -> None:
+    if engine.num_waiting >= max_queue:
+        raise APIError(429, f"the queue is full ({engine.num_waiting} requests waiting, max_queue={max_queue}); "
+                            "retry later", type_="rate_limit_error", headers={"Retry-After": str(QUEUE_RETRY_AFTER_S)})
+
+
+def engine_error(out: RequestOutput, timeout_s: float) -> APIError | None:
+    if out.finish_reason == "error":
+        return APIError(500, f"generation failed at {out.error}", type_="server_error")
+    if out.finish_reason == "abort":
+        return APIError(504, f"request aborted after {timeout_s:g} s", type_="timeout_error")
+    return None
+
+
+def count_mismatch(num_entries: int, out: RequestOutput) -> APIError:
+    return APIError(500, f"logprobs fail closed: {num_entries} entries for {out.num_kept_tokens} reply tokens",
+                    type_="server_error")
+
+
+async def deltas(engine: AsyncEngine, metrics: Metrics, request_id: str, plan: Plan, timeout_s: float
+                 ) -> AsyncIterator[RequestOutput]:
+    """The request's deltas, ending with its final one; TimeoutError past the deadline."""
+    arrival = time.perf_counter()
+    last_token_time: float | None = None
+    num_tokens = 0
+    metrics.prompt_tokens.inc(len(plan.prompt_ids))
+    async with contextlib.aclosing(engine.generate(request_id, plan.prompt_ids, plan.params)) as stream:
+        async with asyncio.timeout(timeout_s):
+            async for out in stream:
+                if out.num_output_tokens > num_tokens:
+                    now = time.perf_counter()
+                    if last_token_time is None:
+                        metrics.ttft.observe(now - arrival)
+                    else:
+                        metrics.token_latency.observe((now - last_token_time) / (out.num_output_tokens - num_tokens))
+                    metrics.completion_tokens.inc(out.num_output_tokens - num_tokens)
+                    last_token_time, num_tokens = now, out.num_output_tokens
+                yield out
+
+
+async def collect(request: Request, stream: AsyncIterator[RequestOutput]) -> list[RequestOutput]:
+    """Every delta of an unstreamed request; a client that hangs up aborts it."""
+
+    async def gather() -> list[RequestOutput]:
+        async with contextlib.aclosing(stream):
+            return [out async for out in stream]
+
+    async def hang_up() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    work, watch = asyncio.create_task(gather()), asyncio.create_task(hang_up())
+    try:
+        done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (work, watch):
+            task.cancel()
+        await asyncio.gather(work, watch, return_exceptions=True)
+    if work not in done:
+        raise asyncio.CancelledError("client disconnected")
+    return work.result()

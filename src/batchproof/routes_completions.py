@@ -1,0 +1,128 @@
+"""POST /v1/completions: the legacy shape, with echo and prompt scoring (max_tokens 0)."""
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from batchproof.errors import APIError
+from batchproof.openai_format import SSE_DONE, legacy_logprobs, sse, usage
+from batchproof.protocol import CompletionRequest
+from batchproof.request_plan import Plan, check_model, plan_request
+from batchproof.request_runner import admit, collect, count_mismatch, deltas, engine_error, new_request_id
+from batchproof.server_state import ServerState, parse_body
+
+router = APIRouter()
+LEGACY_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this route
+
+
+def _prompt_ids(req: CompletionRequest, state: ServerState) -> list[int]:
+    prompt = req.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        if len(prompt) != 1:
+            raise APIError(400, f"'prompt' as a list of strings must hold exactly one string, got {len(prompt)}",
+                           param="prompt")
+        prompt = prompt[0]
+    tokenizer = state.engine.tokenizer
+    if isinstance(prompt, str):
+        ids = tokenizer.encode(prompt, add_bos=tokenizer.ids.add_bos)
+    else:
+        bad = [i for i in prompt if not 0 <= i < tokenizer.vocab_size]
+        if bad:
+            raise APIError(400, f"'prompt' token id {bad[0]} is outside 0..{tokenizer.vocab_size - 1}", param="prompt")
+        ids = list(prompt)
+    if not ids:
+        raise APIError(400, "'prompt' must not be empty", param="prompt")
+    return ids
+
+
+def _plan(req: CompletionRequest, state: ServerState) -> Plan:
+    check_model(req.model, state.served_model_name)
+    prompt_ids = _prompt_ids(req, state)
+    if req.max_tokens == 0 and not req.echo:
+        raise APIError(400, "'max_tokens' 0 is only allowed with 'echo': true (prompt scoring)", param="max_tokens")
+    if req.echo and req.stream:
+        raise APIError(400, "'echo' is not supported with 'stream': true", param="echo")
+    max_tokens = LEGACY_DEFAULT_MAX_TOKENS if req.max_tokens is None else req.max_tokens
+    prompt_logprobs = req.logprobs if req.echo and req.logprobs is not None else None
+    return plan_request(req, state.engine, prompt_ids, max_tokens, "max_tokens", req.logprobs,
+                        prompt_logprobs=prompt_logprobs, allow_zero_tokens=req.echo)
+
+
+@router.post("/v1/completions", response_model=None)
+async def completions(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    req = parse_body(CompletionRequest, await request.body())
+    plan = _plan(req, state)
+    admit(state.async_engine, state.config.max_queue)
+    request_id = new_request_id("cmpl")
+    stream = deltas(state.async_engine, state.metrics, request_id, plan, state.config.request_timeout_s)
+    base = {"id": request_id, "object": "text_completion", "created": int(time.time()),
+            "model": state.served_model_name}
+    if req.stream:
+        return StreamingResponse(_sse(stream, base, req, plan, state), media_type="text/event-stream")
+    try:
+        outputs = await collect(request, stream)
+    except TimeoutError:
+        raise APIError(504, f"request timed out after {state.config.request_timeout_s:g} s",
+                       type_="timeout_error") from None
+    return JSONResponse(_whole_reply(outputs, base, req, plan, state))
+
+
+def _whole_reply(outputs: list, base: dict, req: CompletionRequest, plan: Plan, state: ServerState) -> dict:
+    last = outputs[-1]
+    error = engine_error(last, state.config.request_timeout_s)
+    if error is not None:
+        raise error
+    tokenizer = state.engine.tokenizer
+    completion = "".join(o.text for o in outputs)
+    prefix = tokenizer.decode(plan.prompt_ids) if req.echo else ""
+    choice: dict = {"index": 0, "text": prefix + completion, "finish_reason": last.finish_reason}
+    if req.logprobs is not None:
+        records = [r for o in outputs for r in o.records]
+        if len(records) != last.num_kept_tokens:
+            raise count_mismatch(len(records), last)
+        token_ids = [r.token_id for r in records]
+        scored: list = []
+        if req.echo:
+            scored = outputs[0].prompt_records or [None] * len(plan.prompt_ids)
+            token_ids = plan.prompt_ids + token_ids
+        choice["logprobs"] = legacy_logprobs(tokenizer, scored + records, token_ids, 0)
+    else:
+        choice["logprobs"] = None
+    return {**base, "choices": [choice], "usage": usage(last.num_prompt_tokens, last.num_output_tokens)}
+
+
+async def _sse(stream: AsyncIterator, base: dict, req: CompletionRequest, plan: Plan,
+               state: ServerState) -> AsyncIterator[bytes]:
+    tokenizer = state.engine.tokenizer
+    num_records, offset = 0, 0
+    try:
+        async with contextlib.aclosing(stream):
+            async for out in stream:
+                error = engine_error(out, state.config.request_timeout_s)
+                if error is not None:
+                    yield sse(error.body())
+                    return
+                num_records += len(out.records)
+                if out.finish_reason is not None and req.logprobs is not None and num_records != out.num_kept_tokens:
+                    yield sse(count_mismatch(num_records, out).body())
+                    return
+                if not out.text and out.finish_reason is None:
+                    continue
+                choice: dict = {"index": 0, "text": out.text, "finish_reason": out.finish_reason, "logprobs": None}
+                if req.logprobs is not None:
+                    choice["logprobs"] = legacy_logprobs(tokenizer, out.records, [r.token_id for r in out.records],
+                                                         offset)
+                offset += len(out.text)
+                yield sse({**base, "choices": [choice]})
+                last = out
+    except TimeoutError:
+        yield sse(APIError(504, f"request timed out after {state.config.request_timeout_s:g} s",
+                           type_="timeout_error").body())
+        return
+    if plan.include_usage:
+        yield sse({**base, "choices": [], "usage": usage(last.num_prompt_tokens, last.num_output_tokens)})
+    yield SSE_DONE

@@ -1,0 +1,46 @@
+"""What `/v1/server_info` reports: the build, the host and every setting that shapes the numbers."""
+
+import hashlib
+import socket
+import subprocess
+from functools import cache
+from pathlib import Path
+
+import batchproof
+
+PACKAGE_DIR = Path(batchproof.__file__).resolve().parent
+BUILD_SUFFIXES = {".py", ".c", ".yaml", ".so"}
+
+
+@cache
+def build_sha256() -> str:
+    """sha256 over the installed package's own files (name and bytes, in name order)."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in PACKAGE_DIR.rglob("*") if p.suffix in BUILD_SUFFIXES and p.is_file()):
+        digest.update(str(path.relative_to(PACKAGE_DIR)).encode() + b"\0")
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+@cache
+def git_commit() -> str | None:
+    """The source checkout's commit, when the package runs from one (editable install)."""
+    try:
+        result = subprocess.run(["git", "-C", str(PACKAGE_DIR), "rev-parse", "HEAD"],
+                                capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return result.stdout.strip() if result.returncode == 0 else None
+
+
+def server_info(engine_info: dict, served_model_name: str, server_settings: dict) -> dict:
+    return {
+        "name": "batchproof",
+        "version": batchproof.__version__,
+        "build_sha256": build_sha256(),
+        "git_commit": git_commit(),
+        "host": socket.gethostname(),
+        "served_model_name": served_model_name,
+        **engine_info,
+        "server": server_settings,
+    }
