@@ -19,7 +19,7 @@ CHATML_TEMPLATE = (
 )
 # Merges over GPT-2's byte alphabet ("Ġ" is the space byte); each result becomes a token.
 MERGES: list[tuple[str, str]] = [
-    ("h", "e"), ("l", "l"), ("he", "ll"), ("Ġ", "t"), ("Ġt", "h"), ("Ġth", "e"),
+    ("h", "e"), ("l", "l"), ("he", "ll"), ("Ġ", "t"), ("Ġt", "he"),
     ("i", "n"), ("Ġ", "a"), ("Ġa", "n"), ("Ġan", "d"), ("\u010a", "\u010a"),  # "\n\n"
 ]
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -140,9 +140,10 @@ def file_weights(spec: TinySpec, weights: dict[str, np.ndarray]) -> dict[str, np
     return out
 
 
-def write_tiny_gguf(path: Path, spec: TinySpec = TinySpec(),
-                    weights: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
-    """Writes the model to `path`; returns its Hugging Face-layout weights (as stored, before quantizing)."""
+def write_tiny_gguf(path: Path, spec: TinySpec = TinySpec(), weights: dict[str, np.ndarray] | None = None,
+                    drop_keys: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
+    """Writes the model to `path` (without the metadata keys in `drop_keys`); returns its
+    Hugging Face-layout weights (before any quantization)."""
     weights = hf_weights(spec) if weights is None else weights
     tokens, types = vocab()
     arch = spec.arch
@@ -168,6 +169,8 @@ def write_tiny_gguf(path: Path, spec: TinySpec = TinySpec(),
     writer.add_eos_token_id(tokens.index("<|im_end|>"))
     writer.add_add_bos_token(False)
     writer.add_chat_template(CHATML_TEMPLATE)
+    for key in drop_keys:
+        del writer.kv_data[0][key]
     for name, array in file_weights(spec, weights).items():
         qtype = spec.tensor_types.get(name, gguf.GGMLQuantizationType.F32)
         if qtype == gguf.GGMLQuantizationType.F32:

@@ -1,11 +1,248 @@
-"""Placeholder: replaced by the real command."""
+"""`batchproof bench`: load, prefill and decode speed of the engine, and of servers over HTTP.
+
+Every figure is measured in this run; `--vs URL` measures a peer server (llama.cpp's
+llama-server, say) with the same workload right after ours, so ratios compare like
+with like on one machine.
+"""
 
 import argparse
+import asyncio
+import json
+import os
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+DEFAULT_PROMPT = "Write an essay on compilers."
+PREFILL_TEXT = ("Compilers translate programs written in one language into another, checking them, "
+                "optimising them and emitting code a machine can run. ") * 24
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    pass
+    parser.add_argument("--model", type=Path, help="GGUF file (default: the packaged SmolLM2-135M-Instruct)")
+    parser.add_argument("--max-tokens", type=int, default=128, help="tokens per decode measurement")
+    parser.add_argument("--prompt", default=DEFAULT_PROMPT)
+    parser.add_argument("--repeats", type=int, default=3, help="runs per figure (the median is reported)")
+    parser.add_argument("--no-engine", action="store_true", help="skip the in-process engine figures")
+    parser.add_argument("--serve", action="store_true", help="start `batchproof serve` and measure it over HTTP")
+    parser.add_argument("--serve-arg", action="append", default=[], help="extra flag for the served engine")
+    parser.add_argument("--url", help="measure this OpenAI-compatible server over HTTP")
+    parser.add_argument("--vs", help="a peer server to measure with the same workload, for ratios")
+    parser.add_argument("--concurrency", default="", help="HTTP concurrency ladder, e.g. 1,4,8,16,32")
+    parser.add_argument("--json", type=Path, help="also write every figure to this file")
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+# --- the engine, in process ----------------------------------------------------------------
+
+def engine_figures(args: argparse.Namespace) -> dict:
+    from batchproof.config import EngineConfig
+    from batchproof.engine import Engine
+    from batchproof.sampling_params import SamplingParams
+
+    engine = Engine(EngineConfig(model_path=args.model, device="cpu"))
+    figures: dict = {"load_s": engine.load_time_s, "info": engine.info()}
+    prefill_ids = engine.tokenizer.encode(PREFILL_TEXT)
+    prefill_rates = []
+    for i in range(args.repeats):
+        started = time.perf_counter()
+        engine.generate({f"p{i}": (prefill_ids, SamplingParams(temperature=0, max_tokens=1))})
+        prefill_rates.append(len(prefill_ids) / (time.perf_counter() - started))
+    figures["prefill_tokens"] = len(prefill_ids)
+    figures["prefill_tok_s"] = _median(prefill_rates)
+    prompt_ids = engine.chat_prompt_ids([{"role": "user", "content": args.prompt}])
+    for label, top in (("decode_tok_s", None), ("decode_top20_tok_s", 20)):
+        rates = []
+        for i in range(args.repeats):
+            params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True, top_logprobs=top)
+            engine.add_request(f"d{i}", prompt_ids, params)
+            engine.step()  # the prefill step gives the first token; time the decode steps after it
+            started, steps = time.perf_counter(), 0
+            while engine.has_work():
+                engine.step()
+                steps += 1
+            rates.append((args.max_tokens - 1) / (time.perf_counter() - started))
+            engine.take_batch_summary()
+        figures[label] = _median(rates)
+    figures["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return figures
+
+
+# --- servers, over HTTP ----------------------------------------------------------------------
+
+def _body(args: argparse.Namespace, model: str | None, top_logprobs: int | None) -> dict:
+    body = {"messages": [{"role": "user", "content": args.prompt}], "max_tokens": args.max_tokens,
+            "temperature": 0, "seed": 0, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
+    if model:
+        body["model"] = model
+    if top_logprobs is not None:
+        body |= {"logprobs": True, "top_logprobs": top_logprobs}
+    return body
+
+
+async def _band(url: str, body: dict, c: int) -> dict:
+    from batchproof.probe_stream import StreamRequest, fire
+
+    request = StreamRequest(url=f"{url}/v1/chat/completions", body=body, headers={}, timeout_s=900)
+    started = time.perf_counter()
+    results = await asyncio.gather(*(fire(request) for _ in range(c)))
+    wall = time.perf_counter() - started
+    errors = [r.error for r in results if r.error]
+    if errors:
+        raise RuntimeError(f"{url}: {errors[0]}")
+    rates = [r.decode_tok_s for r in results if r.decode_tok_s]
+    return {
+        "c": c,
+        "aggregate_tok_s": sum(r.completion_tokens or 0 for r in results) / wall,
+        "per_request_tok_s": _median(rates),
+        "ttft_s": _median([r.arrivals[0] for r in results]),
+    }
+
+
+def http_figures(url: str, args: argparse.Namespace, ladder: list[int]) -> dict:
+    import httpx
+
+    models = httpx.get(f"{url}/v1/models", timeout=30).json().get("data") or [{}]
+    model = models[0].get("id")
+    figures: dict = {"url": url, "model": model}
+    for label, top in (("decode_tok_s", None), ("decode_top20_tok_s", 20)):
+        runs = [asyncio.run(_band(url, _body(args, model, top), 1)) for _ in range(args.repeats)]
+        figures[label] = _median([r["per_request_tok_s"] for r in runs])
+    figures["bands"] = [asyncio.run(_band(url, _body(args, model, None), c)) for c in ladder]
+    return figures
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
+    import httpx
+
+    port = _free_port()
+    command = [sys.executable, "-m", "batchproof", "serve", "--port", str(port), *args.serve_arg]
+    if args.model:
+        command += ["--model", str(args.model)]
+    log = tempfile.NamedTemporaryFile(prefix="batchproof-bench-", suffix=".log", delete=False)
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return process, url
+        except httpx.HTTPError:
+            pass
+        if process.poll() is not None:
+            break
+        time.sleep(0.2)
+    process.kill()
+    raise RuntimeError(f"batchproof serve did not become healthy; see {log.name}")
+
+
+def _peak_rss_mb(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+# --- report ----------------------------------------------------------------------------------
+
+def report(results: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    engine = results.get("engine")
+    if engine:
+        table = Table(title="engine (in process, CPU float32)")
+        for column in ("load s", "prefill tok/s", "decode tok/s", "decode top-20 tok/s", "peak RSS MB"):
+            table.add_column(column, justify="right")
+        table.add_row(f"{engine['load_s']:.2f}", f"{engine['prefill_tok_s']:.0f}", f"{engine['decode_tok_s']:.1f}",
+                      f"{engine['decode_top20_tok_s']:.1f}", f"{engine['peak_rss_mb']:.0f}")
+        console.print(table)
+    for key in ("ours", "peer"):
+        figures = results.get(key)
+        if not figures:
+            continue
+        table = Table(title=f"{key}: {figures['url']} ({figures['model']})")
+        for column in ("c", "aggregate tok/s", "per-request tok/s", "TTFT s"):
+            table.add_column(column, justify="right")
+        table.add_row("1 (stream)", "", f"{figures['decode_tok_s']:.1f}", "")
+        table.add_row("1 (top-20)", "", f"{figures['decode_top20_tok_s']:.1f}", "")
+        for band in figures["bands"]:
+            table.add_row(str(band["c"]), f"{band['aggregate_tok_s']:.1f}", f"{band['per_request_tok_s']:.1f}",
+                          f"{band['ttft_s']:.3f}")
+        console.print(table)
+    for line in ratios(results):
+        console.print(line)
+
+
+def ratios(results: dict) -> list[str]:
+    lines = []
+    engine, ours, peer = results.get("engine"), results.get("ours"), results.get("peer")
+    if engine and ours:
+        lines.append(f"HTTP cost: {1 - ours['decode_tok_s'] / engine['decode_tok_s']:+.1%} "
+                     f"(engine {engine['decode_tok_s']:.1f} vs HTTP {ours['decode_tok_s']:.1f} tok/s)")
+    if ours:
+        lines.append(f"logprobs cost (top_logprobs 20, HTTP): "
+                     f"{1 - ours['decode_top20_tok_s'] / ours['decode_tok_s']:+.1%}")
+        by_c = {b["c"]: b for b in ours["bands"]}
+        if 1 in by_c and 4 in by_c:
+            lines.append(f"per-request decode c=4 / c=1: {by_c[4]['per_request_tok_s'] / by_c[1]['per_request_tok_s']:.0%}")
+        if 1 in by_c and 16 in by_c:
+            lines.append(f"aggregate c=16 / c=1: {by_c[16]['aggregate_tok_s'] / by_c[1]['aggregate_tok_s']:.1f}x")
+    if ours and peer:
+        lines.append(f"single stream ours / peer: {ours['decode_tok_s'] / peer['decode_tok_s']:.2f}")
+        peer_by_c = {b["c"]: b for b in peer["bands"]}
+        for band in ours["bands"]:
+            other = peer_by_c.get(band["c"])
+            if other:
+                lines.append(f"c={band['c']}: aggregate ours/peer {band['aggregate_tok_s'] / other['aggregate_tok_s']:.2f}, "
+                             f"per-request ours/peer {band['per_request_tok_s'] / other['per_request_tok_s']:.2f}")
+    return lines
 
 
 def run(args: argparse.Namespace) -> int:
-    raise SystemExit("not built yet")
+    ladder = [int(c) for c in args.concurrency.split(",") if c.strip()]
+    results: dict = {"machine": {"cpus": os.cpu_count(), "host": socket.gethostname()}}
+    if not args.no_engine:
+        results["engine"] = engine_figures(args)
+    process = None
+    try:
+        url = args.url
+        if args.serve:
+            process, url = start_server(args)
+        if url:
+            results["ours"] = http_figures(url.rstrip("/"), args, ladder)
+            if process is not None:
+                results["ours"]["peak_rss_mb"] = _peak_rss_mb(process.pid)
+        if args.vs:
+            results["peer"] = http_figures(args.vs.rstrip("/"), args, ladder)
+    except RuntimeError as e:
+        print(f"batchproof bench: {e}", file=sys.stderr)
+        return 1
+    finally:
+        if process is not None:
+            process.terminate()
+            process.wait(timeout=30)
+    report(results)
+    results["ratios"] = ratios(results)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1, default=str) + "\n")
+    return 0

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import torch
 
-from batchproof import kernels
 from batchproof.chat_template import ChatTemplate
 from batchproof.config import EngineConfig
 from batchproof.default_model import default_model_path
@@ -85,13 +84,12 @@ class Engine:
         self.max_model_len = min(config.max_model_len or DEFAULT_MAX_MODEL_LEN, self.spec.context_len)
         with torch.inference_mode():
             self.model = Transformer.from_model_file(model_file, self.device, self.dtype, self.max_model_len,
-                                                     self.num_threads)
+                                                     self.num_threads, config.is_batch_invariant)
         del model_file
         s = self.spec
         self.cache = KVCache(s.num_layers, config.max_batch, s.num_kv_heads, self.max_model_len, s.head_dim,
                              self.device, self.dtype)
-        self.runner = ModelRunner(self.model, self.cache, config.max_batch, config.is_batch_invariant,
-                                  config.max_prefill_tokens)
+        self.runner = ModelRunner(self.model, self.cache, config.max_batch, config.max_prefill_tokens)
         self.scheduler = Scheduler(config.max_batch, config.max_prefill_tokens)
         self.end_ids = self.tokenizer.ids.end_of_turn_ids
         self.model_sha256 = file_sha256(self.model_path)
@@ -280,9 +278,7 @@ class Engine:
             "max_model_len": self.max_model_len,
             "max_prefill_tokens": self.config.max_prefill_tokens,
             "batch_invariant": self.config.is_batch_invariant,
-            "decode_kernels": kernels.kernel_name() if self.model.uses_kernels else "torch",
-            "decode_rows": "per sequence" if self.model.uses_kernels or not self.config.is_batch_invariant
-            else f"padded to {self.config.max_batch}",
+            "decode_path": self.model.decode_path,
             "num_threads": self.num_threads,
             "torch_version": torch.__version__,
         }

@@ -54,11 +54,15 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str
 
 class Transformer:
     def __init__(self, spec: ModelSpec, layers: list[LayerWeights], embed: torch.Tensor, final_norm: torch.Tensor,
-                 lm_head: torch.Tensor, rope_freqs: torch.Tensor | None, max_len: int, num_threads: int) -> None:
+                 lm_head: torch.Tensor, rope_freqs: torch.Tensor | None, max_len: int, num_threads: int,
+                 is_batch_invariant: bool) -> None:
         self.spec = spec
         self.num_threads = num_threads
-        # Our fixed-order kernels where they apply (float32 on CPU); torch elsewhere.
-        self.uses_kernels = kernels.available() and embed.device.type == "cpu" and embed.dtype == torch.float32
+        self.is_batch_invariant = is_batch_invariant
+        # Invariant: our fixed-order kernels where they apply (float32 on CPU), else torch
+        # with every decode step padded to the same row count. Not invariant: plain torch.
+        self.uses_kernels = (is_batch_invariant and kernels.available() and embed.device.type == "cpu"
+                             and embed.dtype == torch.float32)
         self.layers = layers
         self.embed = embed  # [vocab, dim]
         self.final_norm = final_norm
@@ -71,7 +75,7 @@ class Transformer:
 
     @classmethod
     def from_model_file(cls, model_file: ModelFile, device: torch.device, dtype: torch.dtype, max_len: int,
-                        num_threads: int) -> "Transformer":
+                        num_threads: int, is_batch_invariant: bool = True) -> "Transformer":
         t = model_file.tensors
 
         def get(name: str) -> torch.Tensor:
@@ -98,7 +102,8 @@ class Transformer:
         embed = get("embed")
         lm_head = get("lm_head") if "lm_head" in t else embed
         rope_freqs = torch.from_numpy(t["rope_freqs"]) if "rope_freqs" in t else None
-        return cls(model_file.spec, layers, embed, get("final_norm"), lm_head, rope_freqs, max_len, num_threads)
+        return cls(model_file.spec, layers, embed, get("final_norm"), lm_head, rope_freqs, max_len, num_threads,
+                   is_batch_invariant)
 
     # --- pieces shared by prefill and decode -------------------------------------------
 
@@ -159,16 +164,23 @@ class Transformer:
 
     # --- decode: one new token for each of several sequences ------------------------
 
-    def decode_rows(self, num_seqs: int, max_batch: int, is_batch_invariant: bool) -> int:
+    def decode_rows(self, num_seqs: int, max_batch: int) -> int:
         """How many rows a decode step runs for num_seqs sequences.
 
         Our kernels give every row the same arithmetic at any row count. A BLAS does not
         (it picks kernels by row count), so the invariant torch path pads every step to
         max_batch rows: then every step runs the same kernel, blocking and thread split.
         """
-        if self.uses_kernels or not is_batch_invariant:
-            return num_seqs
-        return max_batch
+        return max_batch if self.is_batch_invariant and not self.uses_kernels else num_seqs
+
+    @property
+    def decode_path(self) -> str:
+        """In words, for /v1/server_info: which arithmetic decode runs."""
+        if self.uses_kernels:
+            return f"{kernels.kernel_name()} kernels, one fixed-order sum per output (batch-invariant)"
+        if self.is_batch_invariant:
+            return "torch, every step padded to max_batch rows (batch-invariant)"
+        return "torch, rows as they come (not batch-invariant)"
 
     def decode(self, token_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
                num_real: int, cache: KVCache) -> torch.Tensor:

@@ -9,12 +9,10 @@ from batchproof.sequence import Sequence
 
 
 class ModelRunner:
-    def __init__(self, model: Transformer, cache: KVCache, max_batch: int, is_batch_invariant: bool,
-                 max_prefill_tokens: int) -> None:
+    def __init__(self, model: Transformer, cache: KVCache, max_batch: int, max_prefill_tokens: int) -> None:
         self.model = model
         self.cache = cache
         self.max_batch = max_batch
-        self.is_batch_invariant = is_batch_invariant
         self.max_prefill_tokens = max_prefill_tokens
         self.device = model.embed.device
 
@@ -44,7 +42,7 @@ class ModelRunner:
     def decode(self, seqs: list[Sequence]) -> torch.Tensor:
         """One new token for each sequence, all in one forward pass -> logits [len(seqs), V]."""
         num_seqs = len(seqs)
-        rows = self.model.decode_rows(num_seqs, self.max_batch, self.is_batch_invariant)
+        rows = self.model.decode_rows(num_seqs, self.max_batch)
         token_ids = torch.zeros(rows, dtype=torch.int64)
         positions = torch.zeros(rows, dtype=torch.int64)
         slots = torch.zeros(rows, dtype=torch.int64)
