@@ -62,6 +62,10 @@ class AsyncEngine:
     def num_running(self) -> int:
         return self.engine.num_running
 
+    @property
+    def num_free_slots(self) -> int:
+        return len(self.engine.scheduler.free_slots)
+
     async def generate(self, request_id: str, prompt_ids: list[int], params: SamplingParams
                        ) -> AsyncIterator[RequestOutput]:
         """Deltas for one request until it finishes; leaving early aborts it in the engine."""

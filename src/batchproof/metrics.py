@@ -19,6 +19,7 @@ class Metrics:
         self.completion_tokens = Counter("batchproof_completion_tokens", "tokens generated", registry=r)
         self.queue_depth = Gauge("batchproof_queue_depth", "requests waiting for a batch slot", registry=r)
         self.running = Gauge("batchproof_running_requests", "requests holding a batch slot", registry=r)
+        self.free_slots = Gauge("batchproof_free_slots", "batch slots (and their KV memory) free", registry=r)
         self.ttft = Histogram("batchproof_time_to_first_token_seconds", "arrival to first generated token",
                               buckets=LATENCY_BUCKETS, registry=r)
         self.token_latency = Histogram("batchproof_time_per_output_token_seconds",

@@ -54,6 +54,11 @@ class ProbeConfig:
         default=None,
         metadata=_flag("--binary", "the server's executable or package: recorded by sha256", "FILE", Path),
     )
+    binary_sha256: str | None = field(
+        default=None,
+        metadata=_flag("--binary-sha256", "the server build's sha256, when no one file is the server "
+                       "(batchproof reports it as build_sha256)", "HEX"),
+    )
     served_model: str | None = field(
         default=None,
         metadata=_flag("--served-model", "the `model` to send (default: the first of /v1/models)", "NAME"),
@@ -92,10 +97,18 @@ class ProbeConfig:
         if not self.poll_s > 0:
             raise ValueError(f"poll interval must be positive, got {self.poll_s}")
         # A blank identity is an unknown one: it is recorded as null, never as "".
-        for name in ("served_model", "host", "commit", "api_key"):
+        for name in ("served_model", "host", "commit", "api_key", "binary_sha256"):
             value = getattr(self, name)
             if value is not None and not value.strip():
                 object.__setattr__(self, name, None)
+
+        if self.binary_sha256 is not None:
+            if self.binary is not None:
+                raise ValueError("give --binary or --binary-sha256, not both")
+            digest = self.binary_sha256.strip().lower()
+            if len(digest) != 64 or any(ch not in "0123456789abcdef" for ch in digest):
+                raise ValueError(f"--binary-sha256 {self.binary_sha256!r} is not 64 hex digits")
+            object.__setattr__(self, "binary_sha256", digest)
 
     def file_problem(self) -> str | None:
         """The first given path that is not usable, or None; checked before any request."""

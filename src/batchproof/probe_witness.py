@@ -45,7 +45,7 @@ def identify(config: ProbeConfig) -> Identity:
     model = None
     if config.model_file is not None:
         model = {"path": config.model_file.name, "sha256": sha256_file(config.model_file)}
-    binary = sha256_file(config.binary) if config.binary is not None else None
+    binary = sha256_file(config.binary) if config.binary is not None else config.binary_sha256
     return Identity(config.host, config.commit, binary, model)
 
 

@@ -1,0 +1,208 @@
+"""Tiny random llama / qwen2 / qwen3 models through the whole engine, against a naive float64 forward."""
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from batchproof.config import EngineConfig
+from batchproof.engine import Engine
+from batchproof.gguf_file import ModelLoadError
+from batchproof.kv_cache import KVCache
+from batchproof.sampling_params import SamplingParams
+from tiny_gguf import TinySpec, reference_logits, write_tiny_gguf
+
+Q = gguf.GGMLQuantizationType
+SPECS = {
+    "llama": TinySpec("llama"),
+    "qwen2": TinySpec("qwen2", pre="qwen2", seed=1),
+    "qwen3": TinySpec("qwen3", head_dim=24, pre="qwen2", seed=2),
+    "llama-tied-mha": TinySpec("llama", tie_embeddings=True, num_kv_heads=4, seed=3),
+}
+MESSAGES = [{"role": "user", "content": "hello the world, and then 123 more!"}]
+
+
+class Tiny:
+    def __init__(self, directory: Path, name: str, spec: TinySpec, weights: dict | None = None) -> None:
+        self.spec = spec
+        self.path = directory / f"{name}.gguf"
+        self.weights = write_tiny_gguf(self.path, spec, weights)
+        self.engine = Engine(EngineConfig(model_path=self.path, device="cpu", max_batch=4))
+        self.prompt = self.engine.chat_prompt_ids(MESSAGES)
+
+    def reference(self, ids: list[int]) -> torch.Tensor:
+        return reference_logits(self.spec, self.weights, ids)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("tiny")
+
+
+@pytest.fixture(scope="module", params=list(SPECS))
+def tiny(request, tiny_dir: Path) -> Tiny:
+    return Tiny(tiny_dir, request.param, SPECS[request.param])
+
+
+def fresh_cache(engine: Engine, slots: int = 4, max_len: int = 96) -> KVCache:
+    s = engine.spec
+    return KVCache(s.num_layers, slots, s.num_kv_heads, max_len, s.head_dim, torch.device("cpu"), torch.float32)
+
+
+@torch.inference_mode()
+def prefill_logits(engine: Engine, ids: list[int], cache: KVCache | None = None, slot: int = 0) -> torch.Tensor:
+    cache = cache or fresh_cache(engine)
+    return engine.model.logits(engine.model.prefill(torch.tensor(ids), 0, slot, cache))
+
+
+def assert_close(ours: torch.Tensor, reference: torch.Tensor, tol: float = 1e-4) -> None:
+    scale = max(1.0, float(reference.abs().max()))
+    diff = float((ours.double() - reference.double()).abs().max())
+    assert diff <= tol * scale, f"max |diff| {diff:.3g} > {tol * scale:.3g}"
+
+
+def test_prefill_logits_match_the_float64_reference(tiny: Tiny) -> None:
+    assert_close(prefill_logits(tiny.engine, tiny.prompt), tiny.reference(tiny.prompt))
+
+
+@torch.inference_mode()
+def test_cached_decode_equals_one_full_prefill(tiny: Tiny) -> None:
+    model, ids = tiny.engine.model, tiny.prompt
+    full = prefill_logits(tiny.engine, ids)[-1]
+    cache = fresh_cache(tiny.engine)
+    model.prefill(torch.tensor(ids[:3]), 0, 2, cache)
+    for pos in range(3, len(ids)):
+        hidden = model.decode(torch.tensor([ids[pos]]), torch.tensor([pos]), torch.tensor([2]), 1, cache)
+    assert_close(model.logits(hidden)[0], full)
+    # a prompt prefilled in chunks of 5 (a later chunk attends to the cached earlier ones)
+    chunked = fresh_cache(tiny.engine)
+    for start in range(0, len(ids), 5):
+        hidden = model.prefill(torch.tensor(ids[start:start + 5]), start, 1, chunked)
+    assert_close(model.logits(hidden)[-1], full)
+
+
+def greedy(engine: Engine, prompt: list[int], max_tokens: int = 6, top_logprobs: int = 3, **kw) -> list:
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, top_logprobs=top_logprobs, ignore_eos=True, **kw)
+    return engine.generate({"r": (prompt, params)})["r"]
+
+
+def test_generation_runs_and_every_record_matches_a_full_recompute(tiny: Tiny) -> None:
+    deltas = greedy(tiny.engine, tiny.prompt)
+    records = [r for d in deltas for r in d.records]
+    ids = [r.token_id for r in records]
+    assert deltas[-1].finish_reason == "length" and deltas[-1].num_output_tokens == 6 and len(ids) == 6
+    assert "".join(d.text for d in deltas) == tiny.engine.tokenizer.decode(ids)
+    assert not tiny.engine.has_work()
+    reference = torch.log_softmax(tiny.reference(tiny.prompt + ids[:-1]), -1)[len(tiny.prompt) - 1:]
+    for step, record in enumerate(records):
+        row = reference[step]
+        assert abs(record.logprob - float(row[record.token_id])) <= 1e-4, step
+        best = row.topk(2)
+        if float(best.values[0] - best.values[1]) > 1e-3:  # no near-tie: the argmax is certain
+            assert record.token_id == int(best.indices[0]), step
+        for entry in record.top:
+            assert abs(entry.logprob - float(row[entry.token_id])) <= 1e-4
+
+
+def test_a_sampled_request_runs_and_reproduces(tiny: Tiny) -> None:
+    params = SamplingParams(temperature=1.0, seed=7, max_tokens=8, top_logprobs=2, ignore_eos=True)
+    first = tiny.engine.generate({"a": (tiny.prompt, params)})["a"]
+    second = tiny.engine.generate({"a": (tiny.prompt, params)})["a"]
+    assert [r for d in first for r in d.records] == [r for d in second for r in d.records]
+    assert len([r for d in first for r in d.records]) == 8
+
+
+def test_decoding_together_equals_decoding_alone(tiny: Tiny) -> None:
+    prompts = [tiny.prompt, tiny.prompt[:9], tiny.engine.chat_prompt_ids([{"role": "user", "content": "in"}])]
+    alone = [[r for d in greedy(tiny.engine, p) for r in d.records] for p in prompts]
+    params = SamplingParams(temperature=0.0, max_tokens=6, top_logprobs=3, ignore_eos=True)
+    together = tiny.engine.generate({str(i): (p, params) for i, p in enumerate(prompts)})
+    for i in range(len(prompts)):
+        assert [r for d in together[str(i)] for r in d.records] == alone[i]
+
+
+@torch.inference_mode()
+def test_the_torch_path_agrees_with_our_kernels(tiny: Tiny) -> None:
+    model = tiny.engine.model
+    if not model.uses_kernels:
+        pytest.skip("kernels not built here")
+    ids = tiny.prompt
+
+    def last_two(uses_kernels: bool) -> torch.Tensor:
+        model.uses_kernels = uses_kernels
+        cache = fresh_cache(tiny.engine)
+        model.prefill(torch.tensor(ids[:-2]), 0, 0, cache)
+        model.prefill(torch.tensor(ids[:-1]), 0, 1, cache)
+        hidden = model.decode(torch.tensor([ids[-2], ids[-1]]), torch.tensor([len(ids) - 2, len(ids) - 1]),
+                              torch.tensor([0, 1]), 2, cache)
+        return model.logits(hidden)
+
+    try:
+        ours, torch_path = last_two(True), last_two(False)
+    finally:
+        model.uses_kernels = True
+    assert_close(ours, torch_path, tol=1e-5)
+
+
+# --- weights that must take effect: qwen2 biases, qwen3 q/k norms; quantized storage ----------
+
+
+def variant(tiny_dir: Path, name: str, spec: TinySpec, change) -> tuple[Tiny, Tiny]:
+    base = Tiny(tiny_dir, name + "-base", spec)
+    weights = {k: v.copy() for k, v in base.weights.items()}
+    for key in weights:
+        change(key, weights[key])
+    return base, Tiny(tiny_dir, name + "-changed", spec, weights)
+
+
+def zero_biases(key: str, array: np.ndarray) -> None:
+    if key.endswith(".bias"):
+        array[...] = 0.0
+
+
+def zero_qk_norms(key: str, array: np.ndarray) -> None:
+    if key.endswith(("attn_q_norm.weight", "attn_k_norm.weight")):
+        array[...] = 0.0
+
+
+@pytest.mark.parametrize("name,spec,change", [
+    ("qwen2-biases", SPECS["qwen2"], zero_biases),
+    ("qwen3-qk-norm", SPECS["qwen3"], zero_qk_norms),
+])
+def test_biases_and_qk_norms_take_effect(tiny_dir: Path, name: str, spec: TinySpec, change) -> None:
+    base, changed = variant(tiny_dir, name, spec, change)
+    ours_base, ours_changed = prefill_logits(base.engine, base.prompt), prefill_logits(changed.engine, base.prompt)
+    assert float((ours_base - ours_changed).abs().max()) > 1e-2, "the tensors were ignored"
+    assert_close(ours_base, base.reference(base.prompt))
+    assert_close(ours_changed, changed.reference(base.prompt))
+
+
+def test_f16_and_q8_0_models_run_and_match_the_reference_on_the_stored_values(tiny_dir: Path) -> None:
+    types = {"token_embd.weight": Q.F16, "output.weight": Q.Q8_0, "blk.0.attn_q.weight": Q.Q8_0,
+             "blk.1.ffn_down.weight": Q.Q8_0, "blk.1.attn_k.weight": Q.F16}
+    spec = TinySpec("llama", seed=5, tensor_types=types)
+    tiny = Tiny(tiny_dir, "mixed", spec)
+    stored = {}
+    for name, array in tiny.weights.items():  # row-wise quantization commutes with llama's row permutation
+        qtype = types.get(name, Q.F32)
+        if qtype == Q.F16:
+            stored[name] = array.astype(np.float16).astype(np.float32)
+        elif qtype == Q.Q8_0:
+            stored[name] = gguf.quants.dequantize(gguf.quants.quantize(array, qtype), qtype).reshape(array.shape)
+        else:
+            stored[name] = array
+    assert_close(prefill_logits(tiny.engine, tiny.prompt), reference_logits(spec, stored, tiny.prompt))
+    deltas = greedy(tiny.engine, tiny.prompt, max_tokens=4)
+    assert deltas[-1].finish_reason == "length" and deltas[-1].num_output_tokens == 4
+
+
+def test_an_unreadable_tensor_type_fails_the_engine_load_naming_the_tensor(tiny_dir: Path) -> None:
+    path = tiny_dir / "unreadable.gguf"
+    write_tiny_gguf(path, TinySpec(tensor_types={"blk.0.ffn_up.weight": Q.Q8_1}))
+    with pytest.raises(ModelLoadError) as caught:
+        Engine(EngineConfig(model_path=path, device="cpu", max_batch=1))
+    message = str(caught.value)
+    assert str(path) in message and "blk.0.ffn_up.weight" in message and "Q8_1" in message
+    assert "\n" not in message
