@@ -2,7 +2,7 @@
 reproducibility, records that change nothing, and batch invariance."""
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -120,17 +120,16 @@ def test_cached_decode_equals_full_prefill_on_the_real_model(engine: Engine) -> 
 
 
 @pytest.mark.parametrize("params", [
-    SamplingParams(temperature=0.0, max_tokens=10),
-    SamplingParams(temperature=0.9, seed=1234, max_tokens=10),
-    SamplingParams(temperature=1.3, seed=7, top_k=40, top_p=0.9, min_p=0.02, max_tokens=10),
+    SamplingParams(temperature=0.0, max_tokens=8),
+    SamplingParams(temperature=1.3, seed=7, top_k=40, top_p=0.9, min_p=0.02, max_tokens=8),
     SamplingParams(temperature=0.8, seed=3, repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.5,
-                   max_tokens=10),
-], ids=["greedy", "sampled", "sampled-top-k-p-min-p", "sampled-penalties"])
+                   max_tokens=8),
+], ids=["greedy", "sampled-top-k-p-min-p", "sampled-penalties"])
 def test_same_tokens_twice_and_with_or_without_records(engine: Engine, params: SamplingParams) -> None:
     prompt = chat(engine, "Tell me a story about a dragon.")
-    runs = {n: run_one(engine, prompt, SamplingParams(**{**params.__dict__, "top_logprobs": n}))
-            for n in (None, 0, 5, 20)}
-    again = run_one(engine, prompt, SamplingParams(**{**params.__dict__, "top_logprobs": 5}))
+    top_ns = (None, 0, 5, 20) if params.is_greedy else (None, 5)
+    runs = {n: run_one(engine, prompt, replace(params, top_logprobs=n)) for n in top_ns}
+    again = run_one(engine, prompt, replace(params, top_logprobs=5))
     base = runs[None]
     assert len(base.output_ids) > 0 and base.records == []
     for n, other in runs.items():
@@ -138,10 +137,11 @@ def test_same_tokens_twice_and_with_or_without_records(engine: Engine, params: S
         assert other.text == base.text and other.last.finish_reason == base.last.finish_reason
         assert other.last.num_output_tokens == base.last.num_output_tokens
     assert again.output_ids == base.output_ids and again.records == runs[5].records
-    assert [r.token_id for r in runs[0].records] == base.output_ids
-    assert all(r.top == () for r in runs[0].records)
-    assert [r.logprob for r in runs[0].records] == [r.logprob for r in runs[20].records]
-    assert [r.top[:5] for r in runs[20].records] == [r.top for r in runs[5].records]
+    assert [r.token_id for r in runs[5].records] == base.output_ids
+    if params.is_greedy:
+        assert all(r.top == () for r in runs[0].records)
+        assert [r.logprob for r in runs[0].records] == [r.logprob for r in runs[20].records]
+        assert [r.top[:5] for r in runs[20].records] == [r.top for r in runs[5].records]
 
 
 def test_records_read_the_logits_before_temperature(engine: Engine) -> None:
@@ -251,8 +251,16 @@ def test_stop_strings_cut_at_the_earliest_occurrence(engine: Engine, essay, pick
     elif pick == "twice":
         stop = (next(w for w in (" the ", " a ", "s", "e") if text.count(w) >= 2),)
     else:
-        stop = (text[starts[k + 6]:starts[k + 6] + 4], text[starts[k]:starts[k] + 4])
+        stop = (text[starts[k + 4]:starts[k + 4] + 4], text[starts[k]:starts[k] + 4])
     cut = min(i for s in stop if (i := text.find(s)) >= 0)
+    premise = {  # what each case is about
+        "mid-token": lambda: starts[k] < cut < starts[k] + len(piece) - 1,
+        "spans-tokens": lambda: cut < starts[k + 1] < cut + len(stop[0]),
+        "whole-token": lambda: cut == starts[k],
+        "twice": lambda: text.count(stop[0]) >= 2,
+        "earlier-listed-second": lambda: -1 < text.find(stop[1]) < text.find(stop[0]),
+    }
+    assert premise[pick](), (pick, stop, text)
     kept = [i for i, start in enumerate(starts) if start < cut]
     result = run_one(engine, prompt, greedy(max_tokens=24, top_logprobs=2, ignore_eos=True, stop=stop))
     assert result.last.finish_reason == "stop"
@@ -270,18 +278,44 @@ def test_streamed_deltas_equal_the_whole_reply(engine: Engine, essay) -> None:
     assert [r.token_id for r in base.records] == base.output_ids
     assert [r.step for r in base.records] == list(range(len(base.output_ids)))
     assert all(d.finish_reason is None for d in base.deltas[:-1]) and base.last.finish_reason == "length"
+    assert all(d.text or not d.records for d in base.deltas[:-1]), "records ride on chunks that carry text"
+
+
+def test_an_emoji_reply_streams_whole_characters_with_their_records(engine: Engine) -> None:
+    prompt = chat(engine, "Reply with three party emoji and nothing else: 🎉🎉🎉")
+    result = run_one(engine, prompt, greedy(max_tokens=10, top_logprobs=1, ignore_eos=True))
+    assert result.text == engine.tokenizer.decode(result.output_ids)
+    assert [r.token_id for r in result.records] == result.output_ids
+    assert "🎉" in result.text and any(len(d.records) == 3 for d in result.deltas), "3 byte tokens, one chunk"
+    for d in result.deltas:
+        assert "\ufffd" not in d.text or d is result.last, "no half characters mid-stream"
+        assert d.text or not d.records or d is result.last
+
+
+def test_prompt_scoring_agrees_with_the_generated_records(engine: Engine) -> None:
+    """Route 1: records of a greedy reply (decode path). Route 2: the same tokens scored as a prompt."""
+    prompt = chat(engine, FRANCE)
+    generated = run_one(engine, prompt, greedy(max_tokens=5, top_logprobs=3, ignore_eos=True))
+    scored = run_one(engine, prompt + generated.output_ids, SamplingParams(max_tokens=0, prompt_logprobs=3))
+    prompt_records = scored.deltas[0].prompt_records
+    assert scored.last.finish_reason == "length" and scored.last.num_output_tokens == 0
+    assert len(prompt_records) == len(prompt) + 5 and prompt_records[0] is None
+    for record, again in zip(generated.records, prompt_records[len(prompt):]):
+        assert again.token_id == record.token_id
+        assert abs(again.logprob - record.logprob) <= 1e-4
+        assert [e.token_id for e in again.top] == [e.token_id for e in record.top]
 
 
 # --- batch invariance (first version) -------------------------------------------------------------
 
 
 def test_a_greedy_request_is_bitwise_the_same_alone_and_in_a_batch_of_four(engine: Engine) -> None:
-    target = (chat(engine, "Explain how a hash map works, step by step."), greedy(max_tokens=12, top_logprobs=5))
+    target = (chat(engine, "Explain how a hash map works, step by step."), greedy(max_tokens=10, top_logprobs=5))
     others = {
         "short": (chat(engine, "Hi"), greedy(max_tokens=3, top_logprobs=2)),
         "long": (chat(engine, "Describe the water cycle in detail, with evaporation, condensation, "
                               "precipitation and collection, and say why each matters for life on land."),
-                 greedy(max_tokens=16)),
+                 greedy(max_tokens=12)),
         "sampled": (chat(engine, "Tell me a short story."), SamplingParams(temperature=0.8, seed=11, max_tokens=8,
                                                                            top_logprobs=3)),
     }

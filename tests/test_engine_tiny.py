@@ -206,3 +206,109 @@ def test_an_unreadable_tensor_type_fails_the_engine_load_naming_the_tensor(tiny_
     message = str(caught.value)
     assert str(path) in message and "blk.0.ffn_up.weight" in message and "Q8_1" in message
     assert "\n" not in message
+
+
+# --- NaN and -inf logits, and prompts the engine cannot run ------------------------------------
+
+
+def poison_decode(engine: Engine, monkeypatch, request_id: str, at_step: int, fill) -> None:
+    """Let `fill` edit the decode logits of one request at one step (a model that produced NaN)."""
+    original = engine.runner.decode
+
+    def decode(seqs):
+        logits = original(seqs)
+        for row, seq in enumerate(seqs):
+            if seq.request_id == request_id and len(seq.output_ids) == at_step:
+                fill(logits[row])
+        return logits
+
+    monkeypatch.setattr(engine.runner, "decode", decode)
+
+
+def records_of(deltas) -> list:
+    return [r for d in deltas for r in d.records]
+
+
+def test_an_all_nan_step_fails_only_its_request_and_names_the_step(tiny_dir: Path, monkeypatch) -> None:
+    tiny = Tiny(tiny_dir, "nan", SPECS["llama"])
+    params = SamplingParams(temperature=0.0, max_tokens=6, top_logprobs=2, ignore_eos=True)
+    other_prompt = tiny.engine.chat_prompt_ids([{"role": "user", "content": "and the"}])
+    alone = records_of(tiny.engine.generate({"good": (other_prompt, params)})["good"])
+    poison_decode(tiny.engine, monkeypatch, "bad", 2, lambda row: row.fill_(float("nan")))
+    out = tiny.engine.generate({"bad": (tiny.prompt, params), "good": (other_prompt, params)})
+    assert out["bad"][-1].finish_reason == "error" and "step 2" in out["bad"][-1].error
+    assert [r.step for r in records_of(out["bad"])] == [0, 1][:len(records_of(out["bad"]))]
+    assert sum(d.finish_reason is not None for d in out["bad"]) == 1
+    assert records_of(out["good"]) == alone and out["good"][-1].finish_reason == "length"
+    assert not tiny.engine.has_work()
+
+
+def test_a_nan_logit_is_never_chosen_nor_ranked(tiny_dir: Path, monkeypatch) -> None:
+    tiny = Tiny(tiny_dir, "nan-some", SPECS["qwen2"])
+    clean = records_of(greedy(tiny.engine, tiny.prompt, max_tokens=3, top_logprobs=8))
+    best = clean[1].top[0].token_id
+    poisoned_ids = [best, *range(0, 256, 3)]
+    poison_decode(tiny.engine, monkeypatch, "r", 1, lambda row: row.index_fill_(0, torch.tensor(poisoned_ids),
+                                                                                   float("nan")))
+    with_records = records_of(greedy(tiny.engine, tiny.prompt, max_tokens=3, top_logprobs=5))
+    record = with_records[1]
+    survivors = [e.token_id for e in clean[1].top if e.token_id not in poisoned_ids]
+    assert record.token_id == survivors[0] != best
+    assert [e.token_id for e in record.top][:len(survivors)] == survivors[:5]
+    assert not set(e.token_id for e in record.top) & set(poisoned_ids)
+    assert record.logprob > clean[1].top[[e.token_id for e in clean[1].top].index(survivors[0])].logprob
+    without = greedy(tiny.engine, tiny.prompt, max_tokens=3, top_logprobs=None)
+    assert "".join(d.text for d in without) == tiny.engine.tokenizer.decode([r.token_id for r in with_records])
+
+
+def test_minus_inf_logits_rank_last_with_minus_inf_logprob(tiny_dir: Path, monkeypatch) -> None:
+    tiny = Tiny(tiny_dir, "minus-inf", SPECS["llama"])
+    keep = [5, 77, 260]
+
+    def fill(row: torch.Tensor) -> None:
+        mask = torch.ones_like(row, dtype=torch.bool)
+        mask[keep] = False
+        row.masked_fill_(mask, float("-inf"))
+
+    poison_decode(tiny.engine, monkeypatch, "r", 1, fill)
+    record = records_of(greedy(tiny.engine, tiny.prompt, max_tokens=2, top_logprobs=5))[1]
+    assert record.token_id in keep
+    assert sorted(e.token_id for e in record.top[:3]) == keep
+    assert [e.token_id for e in record.top[3:]] == [0, 1], "then the -inf ones, lower id first"
+    assert all(e.logprob == float("-inf") for e in record.top[3:])
+    assert abs(sum(torch.tensor([e.logprob for e in record.top[:3]]).double().exp().tolist()) - 1) < 1e-5
+
+
+@pytest.mark.parametrize("prompt_len", [0, 40])
+def test_a_prompt_the_engine_cannot_run_fails_alone(tiny_dir: Path, prompt_len: int) -> None:
+    spec = TinySpec("llama", context_len=32, seed=9)
+    path = tiny_dir / f"ctx32-{prompt_len}.gguf"
+    write_tiny_gguf(path, spec)
+    engine = Engine(EngineConfig(model_path=path, device="cpu", max_batch=2))
+    params = SamplingParams(temperature=0.0, max_tokens=3, top_logprobs=1, ignore_eos=True)
+    alone = records_of(engine.generate({"good": ([97, 98, 99], params)})["good"])
+    try:
+        engine.add_request("bad", [97] * prompt_len, params)
+    except ValueError as e:  # refusing it up front, naming the lengths, is fine too
+        assert str(prompt_len) in str(e)
+        refused = True
+    else:
+        refused = False
+    engine.add_request("good", [97, 98, 99], params)
+    outputs = {"bad": [], "good": []}
+    while engine.has_work():
+        for out in engine.step():
+            outputs[out.request_id].append(out)
+    assert records_of(outputs["good"]) == alone
+    if not refused:
+        assert outputs["bad"][-1].finish_reason == "error"
+
+
+def test_an_infinite_logit_gives_the_same_reply_with_and_without_records(tiny_dir: Path, monkeypatch) -> None:
+    tiny = Tiny(tiny_dir, "plus-inf", SPECS["llama"])
+    poison_decode(tiny.engine, monkeypatch, "r", 1, lambda row: row.__setitem__(42, float("inf")))
+    without = greedy(tiny.engine, tiny.prompt, max_tokens=3, top_logprobs=None)
+    with_records = greedy(tiny.engine, tiny.prompt, max_tokens=3, top_logprobs=2)
+    assert without[-1].finish_reason == "length"
+    assert with_records[-1].finish_reason == without[-1].finish_reason
+    assert records_of(with_records)[1].token_id == 42 and records_of(with_records)[1].logprob == 0.0

@@ -49,7 +49,7 @@ def close(a: float, b: float, tol: float = 1e-4) -> bool:
     return abs(a - b) <= tol * max(1.0, abs(b))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(logits=logit_batches(), k=st.integers(0, 45))
 def test_top_k_matches_brute_force(logits: torch.Tensor, k: int) -> None:
     top = top_k_logprobs(logits, k)
@@ -65,7 +65,7 @@ def test_top_k_matches_brute_force(logits: torch.Tensor, k: int) -> None:
         assert not any(math.isnan(v) for v in top.logits[r, :n].tolist()), "NaN is never ranked"
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(logits=logit_batches(), k=st.integers(0, 45))
 def test_row_results_do_not_depend_on_the_other_rows(logits: torch.Tensor, k: int) -> None:
     batched = top_k_logprobs(logits, k)
@@ -109,8 +109,6 @@ def test_huge_logits_stay_finite() -> None:
     assert top.logprobs[0, 0].item() == 0.0 and top.logprobs[0, 1].item() == -torch.tensor(1e30).item()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: logprob = logit - (max + log(sum)) in float32 absorbs log(sum) into a "
-                   "huge max, so two tied 1e30 logits both get logprob 0 (probabilities sum to 2), not -log 2")
 @pytest.mark.parametrize("huge", [1e30, 3e38])
 def test_tied_huge_logits_share_the_probability(huge: float) -> None:
     top = top_k_logprobs(torch.tensor([[huge, huge, 1.0]]), 3)
@@ -137,7 +135,7 @@ def test_minus_inf_logits_are_ranked_last_with_minus_inf_logprob() -> None:
     assert math.isclose(top.logprobs[0, 0].item(), -math.log(2), rel_tol=1e-6)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(logits=logit_batches(), data=st.data())
 def test_records_agree_with_top_k_and_chosen(logits: torch.Tensor, data: st.DataObject) -> None:
     batch, vocab = logits.shape
@@ -155,7 +153,7 @@ def test_records_agree_with_top_k_and_chosen(logits: torch.Tensor, data: st.Data
             if entry.token_id == record.token_id:
                 assert entry.logprob == record.logprob or math.isnan(entry.logprob)
         if len(record.top) >= 2:
-            assert record.top2_margin == record.top[0].logit - record.top[1].logit
+            assert same(torch.tensor(record.top2_margin), torch.tensor(record.top[0].logit - record.top[1].logit))
         else:
             assert record.top2_margin is None
 

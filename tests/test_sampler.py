@@ -59,7 +59,7 @@ def allowed_ids(values: list[float], params: SamplingParams, slack: float = 1e-5
     return {i for i in keep if probs[i] >= params.min_p * best - slack}
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(row=rows(), params=sampling_params, seed=st.integers(0, 2**32))
 def test_choice_is_never_nan_or_banned_and_stays_in_the_allowed_set(row, params: SamplingParams, seed: int) -> None:
     logits, banned = row
@@ -76,7 +76,7 @@ def test_choice_is_never_nan_or_banned_and_stays_in_the_allowed_set(row, params:
     assert chosen in allowed_ids(values, params)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(row=rows())
 def test_greedy_picks_the_first_maximum(row) -> None:
     logits, banned = row
@@ -126,8 +126,6 @@ def test_min_p_and_top_k_cut_exactly_where_defined() -> None:
     assert seen == {0, 1}, "top_p 0.8: 0.5 + 0.3 already reach it"
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: choose_token lets a +inf logit through its guard, then _sample's softmax "
-                   "turns it into NaN and torch.multinomial raises RuntimeError (not SamplingError)")
 @pytest.mark.parametrize("logits,temperature", [([1.0, INF, 2.0], 1.0), ([3e38, 1.0], 0.5)])
 def test_sampling_with_an_infinite_logit_picks_it(logits: list[float], temperature: float) -> None:
     generator = torch.Generator().manual_seed(0)

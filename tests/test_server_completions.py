@@ -103,6 +103,15 @@ def test_echo_scoring_the_prompt(server) -> None:
     _check_offsets(choice["text"], logprobs)
 
 
+def test_echo_scoring_a_single_token_prompt(server) -> None:
+    ids = _tokenize(server, "The")
+    assert len(ids) == 1
+    reply = _complete(server, prompt=ids, max_tokens=0, echo=True, logprobs=2)
+    assert reply["choices"][0]["text"] == "The"
+    assert reply["choices"][0]["logprobs"] == {"tokens": ["The"], "token_logprobs": [None], "top_logprobs": [None],
+                                               "text_offset": [0]}
+
+
 def test_echo_scores_equal_the_generated_logprobs(server, greedy) -> None:
     """Two routes, one answer: score P + C (C the greedy continuation of P) with echo, and
     the scores of C's tokens equal the logprobs C was generated with."""

@@ -61,10 +61,10 @@ def test_full_queue_is_429_with_retry_after(engine) -> None:
 
 
 def test_request_deadline_is_504_and_frees_the_slot(engine) -> None:
-    with live_server(engine, request_timeout_s=0.5) as live:
+    with live_server(engine, request_timeout_s=1.0) as live:
         state = live.state
         error = assert_error(post(live.url, CHAT, chat_body(ASCII_PROMPT, max_tokens=200, ignore_eos=True)), 504,
-                             mentions=("0.5 s",))
+                             mentions=("1 s",))
         assert error["type"] == "timeout_error"
         assert wait_until(lambda: state.async_engine.num_running == 0, timeout=3)
 
@@ -78,7 +78,7 @@ def test_request_deadline_is_504_and_frees_the_slot(engine) -> None:
         assert wait_until(lambda: state.async_engine.num_running == 0, timeout=3)
 
         legacy = post(live.url, "/v1/completions", {"prompt": "hi", "max_tokens": 200, "ignore_eos": True})
-        assert_error(legacy, 504, mentions=("0.5 s",))
+        assert_error(legacy, 504, mentions=("1 s",))
         assert wait_until(lambda: state.async_engine.num_running == 0, timeout=3)
         assert post(live.url, CHAT, chat_body("hi", max_tokens=1)).status_code == 200
 
@@ -101,12 +101,28 @@ def test_health_is_503_while_the_model_loads_then_200() -> None:
         assert post(live.url, CHAT, chat_body("hi", max_tokens=1)).status_code == 200
 
 
-def test_bad_model_file_is_503_with_the_error(tmp_path) -> None:
-    bogus = tmp_path / "broken.gguf"
-    bogus.write_bytes(b"not a gguf file")
-    with live_server(None, wait_ready=False, engine_settings={"model_path": bogus}) as live:
-        assert wait_until(lambda: "error" in httpx.get(live.url + "/health").json()["status"], timeout=30)
+@pytest.fixture
+def broken_model(tmp_path):
+    path = tmp_path / "broken.gguf"
+    path.write_bytes(b"not a gguf file")
+    return path
+
+
+def test_a_model_that_fails_to_load_is_503_with_the_error(broken_model) -> None:
+    with live_server(None, wait_ready=False, engine_settings={"model_path": broken_model}) as live:
+        assert wait_until(lambda: httpx.get(live.url + "/health").json()["status"] == "error", timeout=30)
         health = httpx.get(live.url + "/health")
-        assert health.status_code == 503 and health.json()["status"] == "error"
-        assert "broken.gguf" in health.json()["error"] or "GGUF" in health.json()["error"]
+        assert health.status_code == 503
+        assert "broken.gguf" in health.json()["error"] and "not a GGUF file" in health.json()["error"]
         assert_error(post(live.url, CHAT, chat_body("hi", max_tokens=1)), 503)
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: server_state.ServerState.engine answers every route with 503 'the "
+                                      "model is still loading' and Retry-After: 1 when the load has failed "
+                                      "(load_error set): clients retry forever and never see why")
+def test_routes_after_a_failed_load_say_it_failed(broken_model) -> None:
+    with live_server(None, wait_ready=False, engine_settings={"model_path": broken_model}) as live:
+        assert wait_until(lambda: httpx.get(live.url + "/health").json()["status"] == "error", timeout=30)
+        response = post(live.url, CHAT, chat_body("hi", max_tokens=1))
+        error = assert_error(response, 503)
+        assert "still loading" not in error["message"] and "broken.gguf" in error["message"]

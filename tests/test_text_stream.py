@@ -76,7 +76,7 @@ def test_cjk_and_a_zwj_sequence_stream_like_the_one_shot_decode(tokenizer) -> No
     assert stream.num_kept_tokens == len(ids)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(ids=st.lists(st.sampled_from(PARTIAL_IDS + WHOLE_IDS), max_size=14))
 def test_deltas_concatenate_to_the_decode_and_release_each_record_once_on_time(tokenizer, ids: list[int]) -> None:
     _, deltas, _ = feed(tokenizer, ids)

@@ -28,7 +28,7 @@ TOKEN_NORMAL, TOKEN_CONTROL = 1, 3
 
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's printable stand-in character for each byte (as in its encoder.py)."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     chars = printable[:]
     n = 0
     for b in range(256):

@@ -115,8 +115,14 @@ class AsyncEngine:
             if command is None:
                 return arrived
             if isinstance(command, _Add):
+                try:
+                    self.engine.add_request(command.request_id, command.prompt_ids, command.params)
+                except ValueError as e:  # refused alone; the engine and the others go on
+                    failed = RequestOutput(command.request_id, "", [], len(command.prompt_ids), 0,
+                                           finish_reason="error", error=f"the request was refused: {e}")
+                    self._loop.call_soon_threadsafe(_put_all, [(command.sink, failed)])
+                    continue
                 self._sinks[command.request_id] = command.sink
-                self.engine.add_request(command.request_id, command.prompt_ids, command.params)
                 arrived = True
             elif command.request_id in self._sinks:
                 self.engine.abort(command.request_id)

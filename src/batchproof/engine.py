@@ -105,6 +105,8 @@ class Engine:
     # --- requests --------------------------------------------------------------------
 
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Queue a request; a ValueError names what cannot run (the server checks these first)."""
+        self._check_request(request_id, prompt_ids, params)
         if params.seed is not None:
             generator = torch.Generator().manual_seed(params.seed)
         elif not params.is_greedy:
@@ -114,6 +116,19 @@ class Engine:
         seq = Sequence(request_id, list(prompt_ids), params, TextStream(self.tokenizer, params.stop), generator)
         self._sequences[request_id] = seq
         self.scheduler.add(seq)
+
+    def _check_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
+        vocab = self.tokenizer.vocab_size
+        if request_id in self._sequences:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        if not prompt_ids:
+            raise ValueError("the prompt is empty (0 tokens)")
+        room = self.max_model_len - (1 if params.max_tokens > 0 else 0)
+        if len(prompt_ids) > room:
+            raise ValueError(f"the prompt has {len(prompt_ids)} tokens; the context holds {self.max_model_len}")
+        bad = [i for i in (*prompt_ids, *params.logit_bias) if not 0 <= i < vocab]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
 
     def abort(self, request_id: str) -> None:
         seq = self._sequences.get(request_id)
@@ -206,6 +221,7 @@ class Engine:
         if seq.text.is_stopped:
             seq.finish_reason = "stop"
         elif len(seq.output_ids) >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len:
+            # As vLLM counts it: prompt and reply together fill at most max_model_len positions.
             seq.finish_reason = "length"
         if seq.finish_reason is not None:
             return self._finish(seq, delta)

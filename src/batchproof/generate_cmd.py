@@ -1,7 +1,7 @@
 """`batchproof generate`: one chat reply from the engine, as text or as JSON with logprobs."""
 
 import argparse
-import json
+import math
 import sys
 from pathlib import Path
 
@@ -45,7 +45,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"batchproof generate: {message}", file=sys.stderr)
         return 2
     prompt_ids = engine.chat_prompt_ids([{"role": "user", "content": args.prompt}])
-    deltas = engine.generate({"cli": (prompt_ids, params)})["cli"]
+    try:
+        deltas = engine.generate({"cli": (prompt_ids, params)})["cli"]
+    except ValueError as e:
+        print(f"batchproof generate: {e}", file=sys.stderr)
+        return 2
     text = "".join(d.text for d in deltas)
     if deltas[-1].error:
         print(f"batchproof generate: {deltas[-1].error}", file=sys.stderr)
@@ -53,14 +57,15 @@ def run(args: argparse.Namespace) -> int:
     if not args.json:
         print(text)
         return 0
+    from batchproof.openai_format import dumps, wire_logprob
+
     tokens = []
     for record in (r for d in deltas for r in d.records):
-        entry = token_json(engine.tokenizer, record.token_id) | {"logprob": record.logprob}
-        entry["top"] = [token_json(engine.tokenizer, t.token_id) | {"logit": t.logit, "logprob": t.logprob}
+        entry = token_json(engine.tokenizer, record.token_id) | {"logprob": wire_logprob(record.logprob)}
+        entry["top"] = [{"id": t.token_id, "token": engine.tokenizer.token_text(t.token_id),
+                         "logit": t.logit if math.isfinite(t.logit) else None, "logprob": wire_logprob(t.logprob)}
                         for t in record.top]
-        for alt in entry["top"]:
-            del alt["bytes"]
         tokens.append(entry)
-    print(json.dumps({"text": text, "finish_reason": deltas[-1].finish_reason, "prompt_ids": prompt_ids,
-                      "tokens": tokens}, ensure_ascii=False))
+    print(dumps({"text": text, "finish_reason": deltas[-1].finish_reason, "prompt_ids": prompt_ids,
+                 "tokens": tokens}))
     return 0

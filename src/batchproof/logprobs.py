@@ -42,17 +42,37 @@ class TopK:
     counts: torch.Tensor  # [B] int64, k clamped to the row's non-NaN logits
 
 
-def log_normalizer(logits: torch.Tensor) -> torch.Tensor:
-    """logsumexp over each row's non-NaN logits: [B, V] -> [B]; stable for huge logits."""
+def _log_softmax_terms(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[B, V] -> (terms [B, V], shift [B, 1], log_total [B, 1]) with
+    logprob = (terms - shift) - log_total: subtracting the max first keeps the sum's
+    logarithm from vanishing next to a huge logit (two tied 1e30s get -log 2 each).
+
+    NaN counts as absent. A row holding +inf gives its +inf entries all the mass,
+    shared equally, and every other entry none.
+    """
     clean = torch.where(logits.isnan(), float("-inf"), logits.float())
     row_max = clean.amax(dim=-1, keepdim=True)  # exact, order-free
-    shift = torch.where(row_max.isfinite(), row_max, torch.zeros_like(row_max))
-    exps = (clean - shift).exp()
+    has_inf = row_max == float("inf")
+    terms = torch.where(has_inf, torch.where(clean == float("inf"), 0.0, float("-inf")), clean)
+    shift = torch.where(has_inf, 0.0, torch.where(row_max.isfinite(), row_max, 0.0))
+    exps = (terms - shift).exp()
     pad = -exps.shape[-1] % NORMALIZER_CHUNK
     if pad:
         exps = torch.nn.functional.pad(exps, (0, pad))  # zeros add nothing
-    total = exps.unflatten(-1, (-1, NORMALIZER_CHUNK)).sum(-1).sum(-1)  # [B]
-    return shift.squeeze(-1) + total.log()
+    total = exps.unflatten(-1, (-1, NORMALIZER_CHUNK)).sum(-1).sum(-1, keepdim=True)  # [B, 1]
+    return terms, shift, total.log()
+
+
+def log_normalizer(logits: torch.Tensor) -> torch.Tensor:
+    """logsumexp over each row's non-NaN logits: [B, V] -> [B]; stable for huge logits."""
+    _, shift, log_total = _log_softmax_terms(logits)
+    return (shift + log_total).squeeze(-1)
+
+
+def log_softmax(logits: torch.Tensor) -> torch.Tensor:
+    """[B, V] -> [B, V] logprobs, NaN entries as -inf, every row on its own fixed-order sums."""
+    terms, shift, log_total = _log_softmax_terms(logits)
+    return (terms - shift) - log_total
 
 
 def top_k_logprobs(logits: torch.Tensor, k: int) -> TopK:
@@ -65,7 +85,7 @@ def top_k_logprobs(logits: torch.Tensor, k: int) -> TopK:
     k = max(0, min(k, vocab))
     nan = logits.isnan()
     clean = torch.where(nan, float("-inf"), logits.float())
-    normalizer = log_normalizer(logits)
+    logprobs = log_softmax(logits)
     counts = torch.clamp((~nan).sum(-1), max=k)
     if k == 0:
         empty = torch.empty(batch, 0)
@@ -85,16 +105,14 @@ def top_k_logprobs(logits: torch.Tensor, k: int) -> TopK:
     take = torch.minimum(take, (starts + per_row - 1).clamp(min=0)[:, None])
     if cols.numel() == 0:  # every logit NaN in every row
         ids = torch.zeros(batch, k, dtype=torch.int64)
-        top_logits = torch.full((batch, k), float("nan"))
-    else:
-        ids, top_logits = cols[take], values[take]
-    return TopK(ids, top_logits, top_logits - normalizer[:, None], counts)
+        return TopK(ids, torch.full((batch, k), float("nan")), torch.full((batch, k), float("nan")), counts)
+    ids, top_logits = cols[take], values[take]
+    return TopK(ids, top_logits, logprobs.gather(-1, ids), counts)
 
 
 def chosen_logprobs(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
     """[B, V] logits and [B] chosen ids -> [B] logprobs of the chosen tokens."""
-    picked = logits.float().gather(-1, token_ids[:, None]).squeeze(-1)
-    return picked - log_normalizer(logits)
+    return log_softmax(logits).gather(-1, token_ids[:, None]).squeeze(-1)
 
 
 def build_records(logits: torch.Tensor, token_ids: list[int], top_ns: list[int], steps: list[int]) -> list[TokenRecord]:

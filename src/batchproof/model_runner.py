@@ -20,24 +20,22 @@ class ModelRunner:
         """Feed the whole prompt of one sequence -> (last position's logits [V], prompt records).
 
         Each prompt runs alone, in chunks whose bounds depend only on its own length, so a
-        prompt's numbers are the same whoever else arrived with it.
+        prompt's numbers are the same whoever else arrived with it. Prompt scoring turns
+        each chunk's logits into records at once, so at most one chunk of logits is held.
         """
         ids = torch.tensor(seq.prompt_ids, dtype=torch.int64, device=self.device)
-        want_prompt = seq.params.prompt_logprobs is not None
-        chunk_logits = []
+        top_n = seq.params.prompt_logprobs
+        scored: list[TokenRecord | None] = [None]  # nothing predicts the first prompt token
         hidden = None
         for start in range(0, len(ids), self.max_prefill_tokens):
             hidden = self.model.prefill(ids[start:start + self.max_prefill_tokens], start, seq.slot, self.cache)
-            if want_prompt:
-                chunk_logits.append(self.model.logits(hidden).cpu())
+            if top_n is not None:
+                targets = seq.prompt_ids[start + 1:start + 1 + len(hidden)]  # row i predicts token start+i+1
+                logits = self.model.logits(hidden[:len(targets)]).cpu()
+                scored += build_records(logits, targets, [top_n] * len(targets),
+                                        list(range(start + 1, start + 1 + len(targets))))
         last = self.model.logits(hidden[-1:])[0].cpu()
-        if not want_prompt:
-            return last, None
-        logits = torch.cat(chunk_logits)  # [n, V]: row i predicts token i + 1
-        n = len(seq.prompt_ids)
-        scored = build_records(logits[:-1], seq.prompt_ids[1:], [seq.params.prompt_logprobs] * (n - 1),
-                               list(range(1, n)))
-        return last, [None, *scored]
+        return last, (scored if top_n is not None else None)
 
     def decode(self, seqs: list[Sequence]) -> torch.Tensor:
         """One new token for each sequence, all in one forward pass -> logits [len(seqs), V]."""

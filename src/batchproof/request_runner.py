@@ -29,7 +29,7 @@ def admit(engine: AsyncEngine, max_queue: int) -> None:
 
 def engine_error(out: RequestOutput, timeout_s: float) -> APIError | None:
     if out.finish_reason == "error":
-        return APIError(500, f"generation failed at {out.error}", type_="server_error")
+        return APIError(500, f"generation failed: {out.error}", type_="server_error")
     if out.finish_reason == "abort":
         return APIError(504, f"request aborted after {timeout_s:g} s", type_="timeout_error")
     return None

@@ -43,15 +43,17 @@ def choose_token(logits: torch.Tensor, params: SamplingParams, banned_ids: froze
     if banned_ids:
         usable = usable.clone()
         usable[torch.tensor(sorted(banned_ids), dtype=torch.int64, device=logits.device)] = NEG_INF
-    if not bool(usable.isfinite().any()) and not bool((usable == float("inf")).any()):
+    best = usable.max()
+    if best == NEG_INF:
         raise SamplingError("no token can be chosen: every logit is NaN, -inf or banned")
-    if params.is_greedy:
-        return int(usable.argmax())  # the first maximum: ties go to the lower id
+    if params.is_greedy or best == float("inf"):
+        return int(usable.argmax())  # the first maximum: ties (and +inf, which takes all the mass) to the lower id
     return _sample(usable, params, generator)
 
 
 def _sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
-    scaled = logits / params.temperature
+    # The max goes first: a huge logit divided by a small temperature must not overflow.
+    scaled = (logits - logits.max()) / params.temperature
     if 0 < params.top_k < scaled.shape[-1]:
         kth = scaled.topk(params.top_k).values[-1]
         scaled = torch.where(scaled < kth, NEG_INF, scaled)
