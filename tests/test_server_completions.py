@@ -205,9 +205,6 @@ def test_openai_client_legacy_completion(server, greedy) -> None:
 CJK = "日本語 is"
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: openai_format.legacy_logprobs counts text_offset in len(token text), "
-                                      "where a byte token of a split character counts as one U+FFFD; offsets "
-                                      "after it overshoot the returned text")
 def test_text_offset_indexes_the_text_after_a_split_character(server) -> None:
     reply = _complete(server, prompt=CJK, max_tokens=4, echo=True, logprobs=1)
     choice = reply["choices"][0]
@@ -215,9 +212,6 @@ def test_text_offset_indexes_the_text_after_a_split_character(server) -> None:
     _check_offsets(choice["text"], choice["logprobs"])
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: streamed /v1/completions restarts text_offset from the released text "
-                                      "on every chunk, the unstreamed reply counts token texts: they differ once "
-                                      "a character spans tokens")
 def test_streamed_text_offset_equals_unstreamed_after_a_split_character(server) -> None:
     body = {"prompt": "The word is: 日本語. Again: 日本", "temperature": 0, "max_tokens": 6, "logprobs": 1}
     whole = _complete(server, **body)["choices"][0]

@@ -15,7 +15,7 @@ def _log_lines(server) -> int:
 
 
 def _completion_tokens(server) -> float:
-    return server.state.metrics.completion_tokens._value.get()
+    return server.state.metrics.registry.get_sample_value("batchproof_completion_tokens_total")
 
 
 def _check_aborted_and_recovered(server, lines_before: int, tokens_before: float) -> None:

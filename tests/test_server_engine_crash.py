@@ -7,6 +7,8 @@ import pytest
 from live_server import live_server
 from server_helpers import chat_body, post
 
+from batchproof.engine import Engine
+
 CHAT = "/v1/chat/completions"
 SMALL_ENGINE = {"max_batch": 2, "max_model_len": 256}
 
@@ -20,10 +22,6 @@ def _still_serving(url: str) -> None:
     assert reply.status_code == 200 and len(reply.json()["choices"][0]["logprobs"]["content"]) == 2
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a 'seed' outside int64/uint64 passes validation (StrictInt), then "
-                                      "Engine.add_request's torch.Generator().manual_seed raises ValueError on "
-                                      "the engine thread: the request gets a 500, the AsyncEngine thread dies, "
-                                      "/health turns 503 and every later request hangs")
 @pytest.mark.parametrize("seed", [2 ** 64, -(2 ** 63) - 1])
 def test_a_seed_outside_64_bits_is_refused_and_the_engine_survives(engine, seed) -> None:
     # add_request fails before the engine changes, so the shared engine stays usable.
@@ -50,16 +48,39 @@ def test_every_64_bit_seed_works(server_for_seeds) -> None:
     assert same[0] == same[1]  # a seed makes sampling repeatable
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: sampler._sample works in float32: a tiny temperature (or a tiny "
-                                      "repetition_penalty in apply_penalties) makes inf/NaN probabilities, a top_p "
-                                      "below float32's range rounds to 0 and drops every token; torch.multinomial "
-                                      "then raises RuntimeError, which Engine._sample_and_record does not catch "
-                                      "(only SamplingError): the engine thread dies mid-step")
-@pytest.mark.parametrize("fields", [{"temperature": 1e-39}, {"repetition_penalty": 1e-45, "temperature": 1.0},
-                                    {"top_p": 5e-324, "temperature": 1.0}],
-                         ids=["temperature", "repetition-penalty", "top-p"])
-def test_tiny_sampling_values_never_kill_the_engine(fields) -> None:
+def test_tiny_sampling_values_are_served() -> None:
+    """Values just inside float32's range (a fresh engine: a regression here would leave it half-stepped)."""
+    with live_server(None, engine_settings=SMALL_ENGINE) as live:
+        for fields in ({"temperature": 1e-39}, {"temperature": 1.0, "repetition_penalty": 1e-45},
+                       {"temperature": 1.0, "min_p": 1e-46}, {"temperature": 1e-30, "top_p": 1e-40}):
+            response = post(live.url, CHAT, {**chat_body("hi", max_tokens=2, logprobs=True), **fields}, timeout=20)
+            assert response.status_code == 200, (fields, response.text)
+            assert len(response.json()["choices"][0]["logprobs"]["content"]) == 2
+        _still_serving(live.url)
+
+
+@pytest.mark.parametrize("fields", [{"temperature": 1e-300}, {"temperature": 1.0, "top_p": 5e-324}],
+                         ids=["temperature", "top-p"])
+def test_sampling_values_below_float32_never_kill_the_engine(fields) -> None:
     with live_server(None, engine_settings=SMALL_ENGINE) as live:
         response = post(live.url, CHAT, {**chat_body("hi", max_tokens=3), **fields}, timeout=20)
         assert response.status_code in (200, 400, 422), response.text
         _still_serving(live.url)
+
+
+def test_requests_after_the_engine_thread_died_are_refused_at_once(monkeypatch) -> None:
+    with live_server(None, engine_settings=SMALL_ENGINE) as live:
+        doomed = live.state.async_engine.engine
+        original = Engine.step
+
+        def step(self):
+            if self is doomed:
+                raise RuntimeError("injected engine failure")
+            return original(self)
+
+        monkeypatch.setattr(Engine, "step", step)
+        error = post(live.url, CHAT, chat_body("hi", max_tokens=2), timeout=20).json()["error"]
+        assert "injected engine failure" in error["message"]
+        assert httpx.get(live.url + "/health").status_code == 503
+        later = post(live.url, CHAT, chat_body("hi", max_tokens=2), timeout=5)
+        assert later.status_code == 503

@@ -95,7 +95,8 @@ def test_metrics_batch_size_sees_requests_decoded_together(server) -> None:
     assert any(re.search(r"batch m=[23] done in \d+ms", line) for line in lines)
 
 
-@pytest.mark.parametrize("text", ["Hello, world!", "日本語 and 🎉", " leading space\nnew line", "<|im_start|>user"])
+@pytest.mark.parametrize("text", ["Hello, world!", "日本語 and 🎉", " leading space\nnew line",
+                                  "<|im_start|>user"])
 def test_tokenize_prompt_equals_the_engine_and_round_trips(server, text) -> None:
     engine = server.state.async_engine.engine
     body = post(server.url, "/tokenize", {"prompt": text}).json()
@@ -118,9 +119,6 @@ def test_tokenize_messages_equals_the_chat_prompt(server, content) -> None:
     assert text.endswith("<|im_start|>assistant\n") and content in text
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: routes_admin.tokenize renders messages without the 'developer' -> "
-                                      "'system' mapping routes_chat._plan applies, so /tokenize and the chat "
-                                      "prompt differ for a developer message")
 def test_tokenize_messages_with_a_developer_message_equals_the_chat_prompt(server) -> None:
     chat_messages = [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "hi"}]
     counted = post(server.url, "/tokenize", {"messages": chat_messages}).json()["count"]

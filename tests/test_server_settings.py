@@ -1,5 +1,6 @@
-"""Servers with other settings: an API key, a full queue (429), a request deadline (504),
-and /health while the model loads (503). One server at a time around the shared engine."""
+"""Servers with other settings: an API key (401), a full queue (429), a request deadline
+(504), /health while the model loads and after a load fails (503). One server at a time
+around the shared engine; the loading ones load a model of their own."""
 
 import concurrent.futures
 
@@ -117,9 +118,6 @@ def test_a_model_that_fails_to_load_is_503_with_the_error(broken_model) -> None:
         assert_error(post(live.url, CHAT, chat_body("hi", max_tokens=1)), 503)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: server_state.ServerState.engine answers every route with 503 'the "
-                                      "model is still loading' and Retry-After: 1 when the load has failed "
-                                      "(load_error set): clients retry forever and never see why")
 def test_routes_after_a_failed_load_say_it_failed(broken_model) -> None:
     with live_server(None, wait_ready=False, engine_settings={"model_path": broken_model}) as live:
         assert wait_until(lambda: httpx.get(live.url + "/health").json()["status"] == "error", timeout=30)

@@ -27,6 +27,30 @@ from batchproof.server_state import ServerState
 OPEN_PATHS = {"/health", "/metrics"}
 
 
+class CatchAll:
+    """An unexpected exception becomes a 500 in OpenAI's envelope, and the connection lives on
+    (Starlette's own handler re-raises after answering, which drops keep-alive connections)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = False
+
+        async def tracking_send(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as error:
+            if started or scope["type"] != "http":
+                raise
+            await APIError(500, f"internal error: {type(error).__name__}: {error}",
+                           type_="server_error").response()(scope, receive, send)
+
+
 class RequireAPIKey:
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
@@ -93,10 +117,7 @@ def create_app(server_config: ServerConfig, engine_config: EngineConfig, engine:
     async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
         return APIError(400, f"invalid request: {error.errors()[0].get('msg')}").response()
 
-    @app.exception_handler(Exception)
-    async def unexpected(request: Request, error: Exception) -> JSONResponse:
-        return APIError(500, f"internal error: {type(error).__name__}: {error}", type_="server_error").response()
-
+    app.add_middleware(CatchAll)
     if server_config.api_key is not None:
         app.add_middleware(RequireAPIKey, api_key=server_config.api_key)
     app.add_middleware(RequestCounter, metrics=state.metrics)  # outermost: counts 401s too

@@ -204,7 +204,8 @@ def ratios(results: dict) -> list[str]:
                      f"{1 - ours['decode_top20_tok_s'] / ours['decode_tok_s']:+.1%}")
         by_c = {b["c"]: b for b in ours["bands"]}
         if 1 in by_c and 4 in by_c:
-            lines.append(f"per-request decode c=4 / c=1: {by_c[4]['per_request_tok_s'] / by_c[1]['per_request_tok_s']:.0%}")
+            share = by_c[4]["per_request_tok_s"] / by_c[1]["per_request_tok_s"]
+            lines.append(f"per-request decode c=4 / c=1: {share:.0%}")
         if 1 in by_c and 16 in by_c:
             lines.append(f"aggregate c=16 / c=1: {by_c[16]['aggregate_tok_s'] / by_c[1]['aggregate_tok_s']:.1f}x")
     if ours and peer:
@@ -213,7 +214,8 @@ def ratios(results: dict) -> list[str]:
         for band in ours["bands"]:
             other = peer_by_c.get(band["c"])
             if other:
-                lines.append(f"c={band['c']}: aggregate ours/peer {band['aggregate_tok_s'] / other['aggregate_tok_s']:.2f}, "
+                aggregate = band["aggregate_tok_s"] / other["aggregate_tok_s"]
+                lines.append(f"c={band['c']}: aggregate ours/peer {aggregate:.2f}, "
                              f"per-request ours/peer {band['per_request_tok_s'] / other['per_request_tok_s']:.2f}")
     return lines
 

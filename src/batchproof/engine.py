@@ -177,7 +177,7 @@ class Engine:
             banned = banned_for_step(seq.params, self.end_ids, len(seq.output_ids))
             try:
                 choices.append(_Choice(choose_token(row, seq.params, banned, seq.generator), None))
-            except SamplingError as e:
+            except (SamplingError, RuntimeError) as e:  # this request fails; the batch goes on
                 choices.append(_Choice(None, None, f"step {len(seq.output_ids)}: {e}"))
         # Records read the same logits the choice read, after it: asking for them changes nothing.
         wanted = [i for i, (s, c) in enumerate(zip(seqs, choices)) if s.wants_records and c.token_id is not None]

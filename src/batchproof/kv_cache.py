@@ -28,7 +28,8 @@ class KVCache:
         self.k[layer, slot, :, start : start + n] = k
         self.v[layer, slot, :, start : start + n] = v
 
-    def write_step(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    def write_step(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, k: torch.Tensor,
+                   v: torch.Tensor) -> None:
         """k, v: [B, num_kv_heads, head_dim], one new position per slot."""
         self.k[layer, slots, :, positions] = k
         self.v[layer, slots, :, positions] = v

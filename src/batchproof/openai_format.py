@@ -5,7 +5,7 @@ import math
 from typing import Any
 
 from batchproof.logprobs import ABSENT_LOGPROB, TokenRecord
-from batchproof.tokenizer import Tokenizer
+from batchproof.tokenizer import Tokenizer, incremental_utf8_decoder
 
 
 def dumps(obj: Any) -> str:
@@ -32,16 +32,30 @@ def chat_entry(tokenizer: Tokenizer, record: TokenRecord) -> dict:
     return {"token": text, "logprob": wire_logprob(record.logprob), "bytes": raw, "top_logprobs": top}
 
 
+class TextOffsets:
+    """Where each token starts in the returned text, in characters (legacy `text_offset`).
+
+    A token that only begins a multi-byte character starts where that character will.
+    """
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._tokenizer = tokenizer
+        self._decoder = incremental_utf8_decoder()
+        self._chars = 0
+
+    def next(self, token_id: int) -> int:
+        offset = self._chars
+        self._chars += len(self._decoder.decode(self._tokenizer.decode_bytes(token_id)))
+        return offset
+
+
 def legacy_logprobs(tokenizer: Tokenizer, records: list[TokenRecord | None], token_ids: list[int],
-                    text_start: int) -> dict:
+                    offsets: TextOffsets) -> dict:
     """The /v1/completions shape; a None record (the first prompt token) scores as null."""
-    tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
-    offset = text_start
+    tokens, token_logprobs, top_logprobs, text_offset = [], [], [], []
     for token_id, record in zip(token_ids, records):
-        text, _ = _token(tokenizer, token_id)
-        tokens.append(text)
-        offsets.append(offset)
-        offset += len(text)
+        tokens.append(_token(tokenizer, token_id)[0])
+        text_offset.append(offsets.next(token_id))
         if record is None:
             token_logprobs.append(None)
             top_logprobs.append(None)
@@ -49,7 +63,7 @@ def legacy_logprobs(tokenizer: Tokenizer, records: list[TokenRecord | None], tok
         token_logprobs.append(wire_logprob(record.logprob))
         top_logprobs.append({_token(tokenizer, alt.token_id)[0]: wire_logprob(alt.logprob) for alt in record.top})
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
-            "text_offset": offsets}
+            "text_offset": text_offset}
 
 
 def usage(num_prompt: int, num_completion: int) -> dict:

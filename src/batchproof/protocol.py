@@ -9,6 +9,8 @@ LegacyLogprobs = Annotated[StrictInt, Field(ge=0, le=5)]
 Probability = Annotated[float, Field(gt=0.0, le=1.0)]
 Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+# What torch.Generator.manual_seed takes: any int64 or uint64.
+Seed = Annotated[StrictInt, Field(ge=-(2**63), le=2**64 - 1)]
 
 
 class _Strict(BaseModel):
@@ -28,6 +30,10 @@ class ChatMessage(_Strict):
     def text(self) -> str:
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
+    def for_template(self) -> dict[str, str]:
+        """As the chat template reads it: OpenAI's `developer` role is the system prompt."""
+        return {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+
 
 class StreamOptions(_Strict):
     include_usage: StrictBool = False
@@ -40,21 +46,21 @@ class SamplingFields(_Strict):
     max_tokens: StrictInt | None = None
     temperature: Temperature | None = None
     top_p: Probability | None = None
-    n: StrictInt = 1
+    n: StrictInt | None = None  # null means the default, as OpenAI reads it
     stop: StrictStr | list[StrictStr] | None = None
-    seed: StrictInt | None = None
-    stream: StrictBool = False
+    seed: Seed | None = None
+    stream: StrictBool | None = None
     stream_options: StreamOptions | None = None
-    presence_penalty: Penalty = 0.0
-    frequency_penalty: Penalty = 0.0
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
     logit_bias: dict[StrictStr, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
     user: StrictStr | None = None
     # vLLM / llama.cpp extensions
     top_k: Annotated[StrictInt, Field(ge=-1)] | None = None
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     repetition_penalty: Annotated[float, Field(gt=0.0)] | None = None
-    ignore_eos: StrictBool = False
-    min_tokens: Annotated[StrictInt, Field(ge=0)] = 0
+    ignore_eos: StrictBool | None = None
+    min_tokens: Annotated[StrictInt, Field(ge=0)] | None = None
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -67,7 +73,7 @@ class ChatCompletionRequest(SamplingFields):
 class CompletionRequest(SamplingFields):
     prompt: StrictStr | list[StrictInt] | list[StrictStr]
     logprobs: LegacyLogprobs | None = None
-    echo: StrictBool = False
+    echo: StrictBool | None = None
 
 
 class TokenizeRequest(_Strict):

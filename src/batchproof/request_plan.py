@@ -1,5 +1,6 @@
 """From a validated request to engine inputs: the checks that need the model, and SamplingParams."""
 
+import re
 from dataclasses import dataclass
 
 from batchproof.engine import Engine
@@ -8,6 +9,7 @@ from batchproof.protocol import SamplingFields
 from batchproof.sampling_params import SamplingParams, SamplingParamsError
 
 MAX_STOP_STRINGS = 4
+TOKEN_ID_KEY = re.compile(r"-?[0-9]+")  # ASCII digits only: str.isdigit() also takes "²", which int() refuses
 
 
 @dataclass(frozen=True)
@@ -35,7 +37,7 @@ def _stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
 def _logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int, float]:
     result = {}
     for key, value in (bias or {}).items():
-        if not key.lstrip("-").isdigit() or not 0 <= int(key) < vocab_size:
+        if not TOKEN_ID_KEY.fullmatch(key) or not 0 <= int(key) < vocab_size:
             raise APIError(400, f"'logit_bias' key {key!r} is not a token id in 0..{vocab_size - 1}",
                            param="logit_bias")
         result[int(key)] = value
@@ -62,12 +64,13 @@ def _max_tokens(requested: int | None, name: str, prompt_len: int, max_model_len
 def plan_request(req: SamplingFields, engine: Engine, prompt_ids: list[int], max_tokens: int | None,
                  max_tokens_name: str, top_logprobs: int | None, prompt_logprobs: int | None = None,
                  allow_zero_tokens: bool = False) -> Plan:
-    if req.n != 1:
+    if req.n not in (None, 1):
         raise APIError(400, f"'n' must be 1 (one choice per request), got {req.n}", param="n")
     if req.stream_options is not None and not req.stream:
         raise APIError(400, "'stream_options' is only allowed when 'stream' is true", param="stream_options")
     limit = _max_tokens(max_tokens, max_tokens_name, len(prompt_ids), engine.max_model_len, allow_zero_tokens)
-    if req.min_tokens > limit:
+    min_tokens = req.min_tokens or 0
+    if min_tokens > limit:
         raise APIError(400, f"'min_tokens' ({req.min_tokens}) must not exceed '{max_tokens_name}' ({limit})",
                        param="min_tokens")
     try:
@@ -77,14 +80,14 @@ def plan_request(req: SamplingFields, engine: Engine, prompt_ids: list[int], max
             top_p=1.0 if req.top_p is None else req.top_p,
             min_p=req.min_p or 0.0,
             repetition_penalty=req.repetition_penalty or 1.0,
-            presence_penalty=req.presence_penalty,
-            frequency_penalty=req.frequency_penalty,
+            presence_penalty=req.presence_penalty or 0.0,
+            frequency_penalty=req.frequency_penalty or 0.0,
             logit_bias=_logit_bias(req.logit_bias, engine.tokenizer.vocab_size),
             seed=req.seed,
             max_tokens=limit,
-            min_tokens=req.min_tokens,
+            min_tokens=min_tokens,
             stop=_stop_strings(req.stop),
-            ignore_eos=req.ignore_eos,
+            ignore_eos=bool(req.ignore_eos),
             top_logprobs=top_logprobs,
             prompt_logprobs=prompt_logprobs,
         )

@@ -22,6 +22,9 @@ def new_request_id(prefix: str) -> str:
 
 
 def admit(engine: AsyncEngine, max_queue: int) -> None:
+    if engine.failure is not None:
+        raise APIError(503, f"the engine stopped ({type(engine.failure).__name__}: {engine.failure}); "
+                            "restart the server", type_="service_unavailable")
     if engine.num_waiting >= max_queue:
         raise APIError(429, f"the queue is full ({engine.num_waiting} requests waiting, max_queue={max_queue}); "
                             "retry later", type_="rate_limit_error", headers={"Retry-After": str(QUEUE_RETRY_AFTER_S)})
@@ -61,8 +64,11 @@ async def deltas(engine: AsyncEngine, metrics: Metrics, request_id: str, plan: P
                 yield out
 
 
-async def collect(request: Request, stream: AsyncIterator[RequestOutput]) -> list[RequestOutput]:
-    """Every delta of an unstreamed request; a client that hangs up aborts it."""
+CLIENT_GONE = 499  # nginx's "client closed request": logged and counted, never sent
+
+
+async def collect(request: Request, stream: AsyncIterator[RequestOutput]) -> list[RequestOutput] | None:
+    """Every delta of an unstreamed request; None if the client hung up (which aborts it)."""
 
     async def gather() -> list[RequestOutput]:
         async with contextlib.aclosing(stream):
@@ -80,5 +86,5 @@ async def collect(request: Request, stream: AsyncIterator[RequestOutput]) -> lis
             task.cancel()
         await asyncio.gather(work, watch, return_exceptions=True)
     if work not in done:
-        raise asyncio.CancelledError("client disconnected")
+        return None
     return work.result()

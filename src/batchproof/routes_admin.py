@@ -58,7 +58,7 @@ async def tokenize(request: Request) -> dict:
     req = parse_body(TokenizeRequest, await request.body())
     engine = state.engine
     if req.messages is not None:
-        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+        messages = [m.for_template() for m in req.messages]
         text = engine.chat_template.render(messages, add_generation_prompt=req.add_generation_prompt)
     elif req.prompt is not None or req.content is not None:
         text = req.prompt if req.prompt is not None else req.content

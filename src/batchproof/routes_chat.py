@@ -11,7 +11,8 @@ from batchproof.errors import APIError
 from batchproof.openai_format import SSE_DONE, chat_entry, sse, usage
 from batchproof.protocol import ChatCompletionRequest
 from batchproof.request_plan import Plan, check_model, plan_request
-from batchproof.request_runner import admit, collect, count_mismatch, deltas, engine_error, new_request_id
+from batchproof.request_runner import (CLIENT_GONE, admit, collect, count_mismatch, deltas, engine_error,
+                                      new_request_id)
 from batchproof.server_state import ServerState, parse_body
 
 router = APIRouter()
@@ -25,7 +26,7 @@ def _plan(req: ChatCompletionRequest, state: ServerState) -> Plan:
         raise APIError(400, f"'top_logprobs' ({req.top_logprobs}) requires 'logprobs' to be true, "
                             f"got 'logprobs': {req.logprobs}", param="top_logprobs")
     engine = state.engine
-    messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages]
+    messages = [m.for_template() for m in req.messages]
     prompt_ids = engine.chat_prompt_ids(messages)
     max_tokens, name = ((req.max_completion_tokens, "max_completion_tokens") if req.max_completion_tokens is not None
                         else (req.max_tokens, "max_tokens"))
@@ -50,6 +51,8 @@ async def chat_completions(request: Request) -> Response:
     except TimeoutError:
         raise APIError(504, f"request timed out after {state.config.request_timeout_s:g} s",
                        type_="timeout_error") from None
+    if outputs is None:
+        return Response(status_code=CLIENT_GONE)
     return JSONResponse(_whole_reply(outputs, base, wants_logprobs, state))
 
 

@@ -8,10 +8,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from batchproof.errors import APIError
-from batchproof.openai_format import SSE_DONE, legacy_logprobs, sse, usage
+from batchproof.openai_format import SSE_DONE, TextOffsets, legacy_logprobs, sse, usage
 from batchproof.protocol import CompletionRequest
 from batchproof.request_plan import Plan, check_model, plan_request
-from batchproof.request_runner import admit, collect, count_mismatch, deltas, engine_error, new_request_id
+from batchproof.request_runner import (CLIENT_GONE, admit, collect, count_mismatch, deltas, engine_error,
+                                      new_request_id)
 from batchproof.server_state import ServerState, parse_body
 
 router = APIRouter()
@@ -43,12 +44,12 @@ def _plan(req: CompletionRequest, state: ServerState) -> Plan:
     prompt_ids = _prompt_ids(req, state)
     if req.max_tokens == 0 and not req.echo:
         raise APIError(400, "'max_tokens' 0 is only allowed with 'echo': true (prompt scoring)", param="max_tokens")
-    if req.echo and req.stream:
+    if req.echo and req.stream:  # (None means false for both)
         raise APIError(400, "'echo' is not supported with 'stream': true", param="echo")
     max_tokens = LEGACY_DEFAULT_MAX_TOKENS if req.max_tokens is None else req.max_tokens
     prompt_logprobs = req.logprobs if req.echo and req.logprobs is not None else None
     return plan_request(req, state.engine, prompt_ids, max_tokens, "max_tokens", req.logprobs,
-                        prompt_logprobs=prompt_logprobs, allow_zero_tokens=req.echo)
+                        prompt_logprobs=prompt_logprobs, allow_zero_tokens=bool(req.echo))
 
 
 @router.post("/v1/completions", response_model=None)
@@ -68,6 +69,8 @@ async def completions(request: Request) -> Response:
     except TimeoutError:
         raise APIError(504, f"request timed out after {state.config.request_timeout_s:g} s",
                        type_="timeout_error") from None
+    if outputs is None:
+        return Response(status_code=CLIENT_GONE)
     return JSONResponse(_whole_reply(outputs, base, req, plan, state))
 
 
@@ -89,7 +92,7 @@ def _whole_reply(outputs: list, base: dict, req: CompletionRequest, plan: Plan, 
         if req.echo:
             scored = outputs[0].prompt_records or [None] * len(plan.prompt_ids)
             token_ids = plan.prompt_ids + token_ids
-        choice["logprobs"] = legacy_logprobs(tokenizer, scored + records, token_ids, 0)
+        choice["logprobs"] = legacy_logprobs(tokenizer, scored + records, token_ids, TextOffsets(tokenizer))
     else:
         choice["logprobs"] = None
     return {**base, "choices": [choice], "usage": usage(last.num_prompt_tokens, last.num_output_tokens)}
@@ -98,7 +101,7 @@ def _whole_reply(outputs: list, base: dict, req: CompletionRequest, plan: Plan, 
 async def _sse(stream: AsyncIterator, base: dict, req: CompletionRequest, plan: Plan,
                state: ServerState) -> AsyncIterator[bytes]:
     tokenizer = state.engine.tokenizer
-    num_records, offset = 0, 0
+    num_records, offsets = 0, TextOffsets(tokenizer)
     try:
         async with contextlib.aclosing(stream):
             async for out in stream:
@@ -115,8 +118,7 @@ async def _sse(stream: AsyncIterator, base: dict, req: CompletionRequest, plan: 
                 choice: dict = {"index": 0, "text": out.text, "finish_reason": out.finish_reason, "logprobs": None}
                 if req.logprobs is not None:
                     choice["logprobs"] = legacy_logprobs(tokenizer, out.records, [r.token_id for r in out.records],
-                                                         offset)
-                offset += len(out.text)
+                                                         offsets)
                 yield sse({**base, "choices": [choice]})
                 last = out
     except TimeoutError:

@@ -61,7 +61,7 @@ def _sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Gener
     if params.top_p < 1.0:
         sorted_probs, order = probs.sort(descending=True, stable=True)
         mass_before = sorted_probs.cumsum(-1) - sorted_probs
-        drop = order[mass_before >= params.top_p]  # the best token always stays
+        drop = order[1:][mass_before[1:] >= params.top_p]  # the best token always stays
         probs = probs.index_fill(0, drop, 0.0)
     if params.min_p > 0.0:
         probs = torch.where(probs < params.min_p * probs.max(), 0.0, probs)

@@ -2,6 +2,8 @@
 
 from dataclasses import dataclass, field
 
+GREEDY_BELOW = 1e-5  # a temperature under this samples greedily
+
 
 class SamplingParamsError(ValueError):
     """A setting out of range; `param` names the field as the API spells it."""
@@ -50,10 +52,13 @@ class SamplingParams:
         for token_id, bias in self.logit_bias.items():
             _check(-100.0 <= bias <= 100.0, "logit_bias",
                    f"logit_bias for token {token_id} must be in [-100, 100], got {bias}")
+        _check(self.seed is None or -(2**63) <= self.seed < 2**64, "seed",
+               f"seed must fit in 64 bits, got {self.seed}")
         _check(self.max_tokens >= 0, "max_tokens", f"max_tokens must be >= 0, got {self.max_tokens}")
         _check(0 <= self.min_tokens <= max(self.max_tokens, 0), "min_tokens",
                f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
-        _check(all(isinstance(s, str) and s for s in self.stop), "stop", f"stop strings must be non-empty, got {self.stop!r}")
+        _check(all(isinstance(s, str) and s for s in self.stop), "stop",
+               f"stop strings must be non-empty, got {self.stop!r}")
         _check(self.top_logprobs is None or 0 <= self.top_logprobs, "top_logprobs",
                f"top_logprobs must be >= 0, got {self.top_logprobs}")
         _check(self.prompt_logprobs is None or 0 <= self.prompt_logprobs, "prompt_logprobs",
@@ -61,7 +66,8 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0
+        # As vLLM reads it: below this, dividing by the temperature only overflows.
+        return self.temperature < GREEDY_BELOW
 
     @property
     def has_penalties(self) -> bool:

@@ -27,6 +27,8 @@ class ServerState:
 
     @property
     def engine(self) -> Engine:
+        if self.load_error is not None:
+            raise APIError(503, f"the model failed to load: {self.load_error}", type_="service_unavailable")
         if self.async_engine is None:
             raise APIError(503, "the model is still loading", type_="service_unavailable",
                            headers={"Retry-After": "1"})

@@ -40,7 +40,7 @@ END_OF_TURN_SPELLINGS = {
 
 def _byte_decoder() -> dict[str, int]:
     """GPT-2's printable stand-in character for each byte, inverted."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     chars = printable[:]
     n = 0
     for b in range(256):
