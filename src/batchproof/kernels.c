@@ -1,4 +1,5 @@
-/* Batch-invariant CPU kernels for float32 decode: matmul and attention.
+/* Batch-invariant CPU kernels for float32 decode: matmul, attention, and the small
+ * per-row pieces (norm, rotary embedding) around them.
  *
  * Why hand-written: BLAS libraries pick a different kernel, blocking and thread split
  * for each row count, so a row's sum depends on how many rows share the call (MKL here
@@ -21,22 +22,25 @@
 #define MT 4 /* rows of x per tile */
 #define NT 4 /* rows of w (outputs) per tile */
 
-/* ---------------- linear: y[m, n] = sum_k x[m, k] * w[n, k] (+ b[n]) ---------------- */
+/* ---------------- linear: y[m, n] (+)= sum_k x[m, k] * w[n, k] (+ b[n]) ---------------- */
 
+/* One tile: mt rows of x against nt rows of w. The body is inlined with constant mt, nt
+ * for full tiles (so the accumulators stay in registers) and with variable ones for the
+ * edges; either way each output's terms are added in the same order. The next tile's
+ * weights are prefetched into L2 while this one computes. */
 #ifdef BP_X86
-__attribute__((target("avx512f")))
-static void tile_avx512(const float *x, const float *w, float *y, int64_t K, int64_t N, int mt, int nt,
-                        const float *next_w) {
+static inline __attribute__((always_inline, target("avx512f")))
+void tile_avx512_body(const float *x, const float *w, float *y, int64_t K, int64_t N, const int mt, const int nt,
+                      const float *next_w) {
     __m512 acc[MT][NT];
-    for (int i = 0; i < MT; i++)
-        for (int j = 0; j < NT; j++) acc[i][j] = _mm512_setzero_ps();
+    for (int i = 0; i < mt; i++)
+        for (int j = 0; j < nt; j++) acc[i][j] = _mm512_setzero_ps();
     int64_t k = 0;
     for (; k + 16 <= K; k += 16) {
         __m512 wv[NT];
         for (int j = 0; j < nt; j++) {
             wv[j] = _mm512_loadu_ps(w + j * K + k);
-            /* the next tile's weights stream in while this one computes */
-            _mm_prefetch((const char *)(next_w + j * K + k), _MM_HINT_T0);
+            _mm_prefetch((const char *)(next_w + j * K + k), _MM_HINT_T1);
         }
         for (int i = 0; i < mt; i++) {
             __m512 xv = _mm512_loadu_ps(x + i * K + k);
@@ -56,6 +60,20 @@ static void tile_avx512(const float *x, const float *w, float *y, int64_t K, int
         for (int j = 0; j < nt; j++) y[i * N + j] = _mm512_reduce_add_ps(acc[i][j]);
 }
 
+__attribute__((target("avx512f")))
+static void tile_avx512(const float *x, const float *w, float *y, int64_t K, int64_t N, int mt, int nt,
+                        const float *next_w) {
+    if (nt == NT) {
+        switch (mt) {
+        case 4: tile_avx512_body(x, w, y, K, N, 4, NT, next_w); return;
+        case 3: tile_avx512_body(x, w, y, K, N, 3, NT, next_w); return;
+        case 2: tile_avx512_body(x, w, y, K, N, 2, NT, next_w); return;
+        case 1: tile_avx512_body(x, w, y, K, N, 1, NT, next_w); return;
+        }
+    }
+    tile_avx512_body(x, w, y, K, N, mt, nt, next_w);
+}
+
 __attribute__((target("avx2,fma")))
 static float hsum_avx2(__m256 v) {
     /* one fixed order: (lo + hi) halves, then pairs, then the last two */
@@ -65,18 +83,18 @@ static float hsum_avx2(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-__attribute__((target("avx2,fma")))
-static void tile_avx2(const float *x, const float *w, float *y, int64_t K, int64_t N, int mt, int nt,
-                      const float *next_w) {
+static inline __attribute__((always_inline, target("avx2,fma")))
+void tile_avx2_body(const float *x, const float *w, float *y, int64_t K, int64_t N, const int mt, const int nt,
+                    const float *next_w) {
     __m256 acc[MT][NT];
-    for (int i = 0; i < MT; i++)
-        for (int j = 0; j < NT; j++) acc[i][j] = _mm256_setzero_ps();
+    for (int i = 0; i < mt; i++)
+        for (int j = 0; j < nt; j++) acc[i][j] = _mm256_setzero_ps();
     int64_t k = 0;
     for (; k + 8 <= K; k += 8) {
         __m256 wv[NT];
         for (int j = 0; j < nt; j++) {
             wv[j] = _mm256_loadu_ps(w + j * K + k);
-            _mm_prefetch((const char *)(next_w + j * K + k), _MM_HINT_T0);
+            _mm_prefetch((const char *)(next_w + j * K + k), _MM_HINT_T1);
         }
         for (int i = 0; i < mt; i++) {
             __m256 xv = _mm256_loadu_ps(x + i * K + k);
@@ -96,6 +114,20 @@ static void tile_avx2(const float *x, const float *w, float *y, int64_t K, int64
     }
     for (int i = 0; i < mt; i++)
         for (int j = 0; j < nt; j++) y[i * N + j] = hsum_avx2(acc[i][j]);
+}
+
+__attribute__((target("avx2,fma")))
+static void tile_avx2(const float *x, const float *w, float *y, int64_t K, int64_t N, int mt, int nt,
+                      const float *next_w) {
+    if (nt == NT) {
+        switch (mt) {
+        case 4: tile_avx2_body(x, w, y, K, N, 4, NT, next_w); return;
+        case 3: tile_avx2_body(x, w, y, K, N, 3, NT, next_w); return;
+        case 2: tile_avx2_body(x, w, y, K, N, 2, NT, next_w); return;
+        case 1: tile_avx2_body(x, w, y, K, N, 1, NT, next_w); return;
+        }
+    }
+    tile_avx2_body(x, w, y, K, N, mt, nt, next_w);
 }
 #endif
 
@@ -136,8 +168,10 @@ static tile_fn pick_tile(void) {
 /* 2: AVX-512, 1: AVX2+FMA, 0: portable. Results are invariant within one level. */
 int bp_isa_level(void) { return isa_level(); }
 
+/* y = x @ w^T (+ b), or with accumulate, y += x @ w^T (+ b): the residual add done as
+ * the output is written, one rounding per add as in torch's `y + linear(x)`. */
 void bp_linear_f32(const float *x, const float *w, const float *b, float *y, int64_t M, int64_t N, int64_t K,
-                   int num_threads) {
+                   int accumulate, int num_threads) {
     tile_fn tile = pick_tile();
     int64_t num_tiles = (N + NT - 1) / NT;
     /* Threads split outputs, never K: each output is summed by exactly one thread. */
@@ -146,13 +180,52 @@ void bp_linear_f32(const float *x, const float *w, const float *b, float *y, int
         int64_t n = t * NT;
         int nt = (int)(N - n < NT ? N - n : NT);
         const float *next_w = w + (t + 1 < num_tiles ? n + NT : n) * K;
+        float sums[MT * NT];
         for (int64_t m = 0; m < M; m += MT) {
             int mt = (int)(M - m < MT ? M - m : MT);
-            tile(x + m * K, w + n * K, y + m * N + n, K, N, mt, nt, m == 0 ? next_w : w + n * K);
+            tile(x + m * K, w + n * K, sums, K, NT, mt, nt, m == 0 ? next_w : w + n * K);
+            for (int i = 0; i < mt; i++)
+                for (int j = 0; j < nt; j++) {
+                    float value = sums[i * NT + j];
+                    if (b) value += b[n + j];
+                    float *out = y + (m + i) * N + n + j;
+                    *out = accumulate ? *out + value : value;
+                }
         }
-        if (b)
-            for (int64_t m = 0; m < M; m++)
-                for (int j = 0; j < nt; j++) y[m * N + n + j] += b[n + j];
+    }
+}
+
+/* ---------------- small per-row pieces: norm and rotary embedding ---------------- */
+
+/* y[r] = x[r] * (1 / sqrt(mean(x[r]^2) + eps)) * w, the sum of squares in 8 fixed
+ * interleaved partial sums. */
+void bp_rms_norm_f32(const float *x, const float *w, float *y, int64_t rows, int64_t dim, float eps) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * dim;
+        float part[8] = {0};
+        for (int64_t d = 0; d < dim; d++) part[d & 7] += xr[d] * xr[d];
+        float total = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+        float scale = 1.0f / sqrtf(total / (float)dim + eps);
+        for (int64_t d = 0; d < dim; d++) y[r * dim + d] = (xr[d] * scale) * w[d];
+    }
+}
+
+/* In place on the first `heads` heads of each row (row_stride floats apart): rotate pairs
+ * by position. style 0: pairs (2i, 2i+1) as llama GGUFs store Q/K; 1: pairs (i, i + half). */
+void bp_rope_f32(float *x, int64_t rows, int64_t row_stride, int64_t heads, int64_t head_dim, int64_t rope_dim,
+                 const int64_t *positions, const float *cos_table, const float *sin_table, int style) {
+    int64_t half = rope_dim / 2;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *c = cos_table + positions[r] * half, *s = sin_table + positions[r] * half;
+        for (int64_t h = 0; h < heads; h++) {
+            float *v = x + r * row_stride + h * head_dim;
+            for (int64_t i = 0; i < half; i++) {
+                int64_t ia = style == 0 ? 2 * i : i, ib = style == 0 ? 2 * i + 1 : i + half;
+                float a = v[ia], b = v[ib];
+                v[ia] = a * c[i] - b * s[i];
+                v[ib] = style == 0 ? a * s[i] + b * c[i] : b * c[i] + a * s[i];
+            }
+        }
     }
 }
 

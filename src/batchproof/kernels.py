@@ -16,8 +16,12 @@ def _library() -> ctypes.CDLL | None:
         return None
     lib = ctypes.CDLL(spec.origin)
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.bp_linear_f32.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, ctypes.c_int]
+    lib.bp_linear_f32.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, ctypes.c_int, ctypes.c_int]
     lib.bp_linear_f32.restype = None
+    lib.bp_rms_norm_f32.argtypes = [ptr, ptr, ptr, i64, i64, ctypes.c_float]
+    lib.bp_rms_norm_f32.restype = None
+    lib.bp_rope_f32.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr, ptr, ctypes.c_int]
+    lib.bp_rope_f32.restype = None
     lib.bp_decode_attention_f32.argtypes = [ptr] * 6 + [i64] * 5 + [ctypes.c_float, ctypes.c_int]
     lib.bp_decode_attention_f32.restype = None
     lib.bp_isa_level.restype = ctypes.c_int
@@ -37,17 +41,43 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, num_threads: int) -> torch.Tensor:
-    """x: [M, K] @ w[N, K]^T (+ b[N]) -> [M, N]; each output summed in a fixed order."""
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, num_threads: int,
+           residual: torch.Tensor | None = None) -> torch.Tensor:
+    """x: [M, K] @ w[N, K]^T (+ b[N]) -> [M, N]; each output summed in a fixed order.
+
+    With `residual` ([M, N], contiguous), the product is added into it in place and it is
+    returned: `residual + linear(x)` without a second pass over memory.
+    """
     lib = _library()
     assert lib is not None and x.dtype == w.dtype == torch.float32 and x.device.type == "cpu"
     x = x.contiguous()
     m, k = x.shape
     n = w.shape[0]
     assert w.shape[1] == k and w.is_contiguous() and (b is None or b.is_contiguous())
-    y = torch.empty(m, n, dtype=torch.float32)
-    lib.bp_linear_f32(_ptr(x), _ptr(w), _ptr(b), _ptr(y), m, n, k, num_threads)
+    if residual is None:
+        y = torch.empty(m, n, dtype=torch.float32)
+    else:
+        assert residual.shape == (m, n) and residual.is_contiguous() and residual.dtype == torch.float32
+        y = residual
+    lib.bp_linear_f32(_ptr(x), _ptr(w), _ptr(b), _ptr(y), m, n, k, int(residual is not None), num_threads)
     return y
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """[rows, dim] -> [rows, dim], each row normalised on its own."""
+    x = x.contiguous()
+    y = torch.empty_like(x)
+    _library().bp_rms_norm_f32(_ptr(x), _ptr(weight), _ptr(y), x.shape[0], x.shape[1], eps)
+    return y
+
+
+def rope_(rows: torch.Tensor, num_heads: int, head_dim: int, rope_dim: int, positions: torch.Tensor,
+          cos: torch.Tensor, sin: torch.Tensor, style: str) -> None:
+    """Rotate the first num_heads heads of each row of a contiguous [n, width] tensor, in place."""
+    assert rows.is_contiguous() and cos.is_contiguous() and sin.is_contiguous()
+    positions = positions.to(torch.int64).contiguous()
+    _library().bp_rope_f32(_ptr(rows), rows.shape[0], rows.shape[1], num_heads, head_dim, rope_dim,
+                           _ptr(positions), _ptr(cos), _ptr(sin), 0 if style == "adjacent" else 1)
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,

@@ -107,19 +107,36 @@ class Transformer:
 
     # --- pieces shared by prefill and decode -------------------------------------------
 
-    def _linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    # Each piece runs in our kernels when they apply, else in torch; both compute the same
+    # formula, the kernels in one fixed order per row.
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if self.uses_kernels:
-            return kernels.linear(x, w, b, self.num_threads)
-        return F.linear(x, w, b)
+            return kernels.rms_norm(x, weight, self.spec.norm_eps)
+        return rms_norm(x, weight, self.spec.norm_eps)
+
+    def _linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None,
+                residual: torch.Tensor | None = None) -> torch.Tensor:
+        """x @ w^T (+ b), plus `residual` when given (which the kernels update in place)."""
+        if self.uses_kernels:
+            return kernels.linear(x, w, b, self.num_threads, residual)
+        y = F.linear(x, w, b)
+        return y if residual is None else residual + y
 
     def _qkv(self, layer: LayerWeights, h: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """h: [n, dim] -> q [n, heads, hd], k and v [n, kv_heads, hd], RoPE applied."""
         s = self.spec
         qkv = self._linear(h, layer.wqkv, layer.bqkv)  # [n, q_dim + 2 kv_dim]
+        if self.uses_kernels and layer.q_norm is None:
+            # Q's heads then K's heads open each row: rotate them all in place, in one call.
+            kernels.rope_(qkv, s.num_heads + s.num_kv_heads, s.head_dim, s.rope_dim, positions,
+                          self.rope_cos, self.rope_sin, s.rope_style)
         q, k, v = qkv.split((self.q_dim, self.kv_dim, self.kv_dim), dim=-1)
         q = q.unflatten(-1, (s.num_heads, s.head_dim))
         k = k.unflatten(-1, (s.num_kv_heads, s.head_dim))
         v = v.unflatten(-1, (s.num_kv_heads, s.head_dim))
+        if self.uses_kernels and layer.q_norm is None:
+            return q, k, v
         if layer.q_norm is not None:  # qwen3 normalises each head before RoPE
             q = rms_norm(q, layer.q_norm, s.norm_eps)
             k = rms_norm(k, layer.k_norm, s.norm_eps)
@@ -129,9 +146,9 @@ class Transformer:
         return q, k, v
 
     def _mlp(self, layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:
-        h = rms_norm(x, layer.ffn_norm, self.spec.norm_eps)
+        h = self._norm(x, layer.ffn_norm)
         gate, up = self._linear(h, layer.w_gate_up).chunk(2, dim=-1)  # [n, ffn_dim] each
-        return x + self._linear(F.silu(gate) * up, layer.w_down)
+        return self._linear(F.silu(gate) * up, layer.w_down, residual=x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [n, dim] after the final norm -> [n, vocab] float32 logits."""
@@ -141,7 +158,6 @@ class Transformer:
 
     def prefill(self, token_ids: torch.Tensor, start: int, slot: int, cache: KVCache) -> torch.Tensor:
         """token_ids: [n] at positions start.. -> final hidden states [n, dim]."""
-        s = self.spec
         n = token_ids.shape[0]
         positions = torch.arange(start, start + n, device=token_ids.device)
         x = self.embed[token_ids]  # [n, dim]
@@ -150,7 +166,7 @@ class Transformer:
             key_pos = torch.arange(start + n, device=token_ids.device)
             mask = key_pos[None, :] <= positions[:, None]  # [n, start + n]
         for i, layer in enumerate(self.layers):
-            h = rms_norm(x, layer.attn_norm, s.norm_eps)
+            h = self._norm(x, layer.attn_norm)
             q, k, v = self._qkv(layer, h, positions)
             cache.write_prompt(i, slot, start, k.transpose(0, 1), v.transpose(0, 1))
             keys, values = cache.view(i, slot, start + n)  # [kv_heads, L, hd]
@@ -158,9 +174,9 @@ class Transformer:
                 q.transpose(0, 1)[None], keys[None], values[None],
                 attn_mask=mask, is_causal=mask is None, scale=self.scale, enable_gqa=True,
             )  # [1, heads, n, hd]
-            x = x + self._linear(attn[0].transpose(0, 1).flatten(1), layer.wo)
+            x = self._linear(attn[0].transpose(0, 1).flatten(1), layer.wo, residual=x)
             x = self._mlp(layer, x)
-        return rms_norm(x, self.final_norm, s.norm_eps)
+        return self._norm(x, self.final_norm)
 
     # --- decode: one new token for each of several sequences ------------------------
 
@@ -190,19 +206,19 @@ class Transformer:
         Matmuls run over all rows; attention runs per sequence over that sequence's own
         keys, so no row's arithmetic depends on how many others share the step.
         """
-        s = self.spec
         x = self.embed[token_ids]  # [rows, dim]
         real_slots, real_pos = slots[:num_real], positions[:num_real]
         lengths = real_pos + 1
         for i, layer in enumerate(self.layers):
-            h = rms_norm(x, layer.attn_norm, s.norm_eps)
+            h = self._norm(x, layer.attn_norm)
             q, k, v = self._qkv(layer, h, positions)
             cache.write_step(i, real_slots, real_pos, k[:num_real], v[:num_real])
-            attn = torch.zeros(x.shape[0], self.q_dim, device=x.device, dtype=x.dtype)
-            attn[:num_real] = self._decode_attention(i, q[:num_real], real_slots, lengths, cache).flatten(1)
-            x = x + self._linear(attn, layer.wo)
+            attn = self._decode_attention(i, q[:num_real], real_slots, lengths, cache).flatten(1)
+            if num_real < x.shape[0]:  # padding rows attend to nothing
+                attn = torch.cat([attn, attn.new_zeros(x.shape[0] - num_real, self.q_dim)])
+            x = self._linear(attn, layer.wo, residual=x)
             x = self._mlp(layer, x)
-        return rms_norm(x, self.final_norm, s.norm_eps)
+        return self._norm(x, self.final_norm)
 
     def _decode_attention(self, layer: int, q: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor,
                           cache: KVCache) -> torch.Tensor:
