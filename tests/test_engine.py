@@ -11,6 +11,7 @@ import torch
 from batchproof.engine import Engine
 from batchproof.kv_cache import KVCache
 from batchproof.logprobs import TokenRecord
+from batchproof.model import Segment
 from batchproof.sampling_params import SamplingParams
 from batchproof.sequence import RequestOutput
 
@@ -110,7 +111,7 @@ def test_cached_decode_equals_full_prefill_on_the_real_model(engine: Engine) -> 
     s = engine.spec
     for n in (0, 3, 5):  # record n was read from decode logits after n cached steps
         cache = KVCache(s.num_layers, 1, s.num_kv_heads, 64, s.head_dim, torch.device("cpu"), torch.float32)
-        full = engine.model.logits(engine.model.prefill(torch.tensor(prompt + ids[:n]), 0, 0, cache))[-1]
+        full = engine.model.logits(engine.model.prefill([Segment(torch.tensor(prompt + ids[:n]), 0, 0)], cache))[-1]
         logprobs = torch.log_softmax(full.double(), -1)
         assert abs(result.records[n].logprob - float(logprobs[ids[n]])) <= 1e-4
         assert int(full.argmax()) == ids[n]

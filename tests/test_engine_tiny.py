@@ -6,13 +6,14 @@ import gguf
 import numpy as np
 import pytest
 import torch
+from tiny_gguf import TinySpec, reference_logits, write_tiny_gguf
 
 from batchproof.config import EngineConfig
 from batchproof.engine import Engine
 from batchproof.gguf_file import ModelLoadError
 from batchproof.kv_cache import KVCache
+from batchproof.model import Segment
 from batchproof.sampling_params import SamplingParams
-from tiny_gguf import TinySpec, reference_logits, write_tiny_gguf
 
 Q = gguf.GGMLQuantizationType
 SPECS = {
@@ -54,7 +55,7 @@ def fresh_cache(engine: Engine, slots: int = 4, max_len: int = 96) -> KVCache:
 @torch.inference_mode()
 def prefill_logits(engine: Engine, ids: list[int], cache: KVCache | None = None, slot: int = 0) -> torch.Tensor:
     cache = cache or fresh_cache(engine)
-    return engine.model.logits(engine.model.prefill(torch.tensor(ids), 0, slot, cache))
+    return engine.model.logits(engine.model.prefill([Segment(torch.tensor(ids), 0, slot)], cache))
 
 
 def assert_close(ours: torch.Tensor, reference: torch.Tensor, tol: float = 1e-4) -> None:
@@ -72,14 +73,14 @@ def test_cached_decode_equals_one_full_prefill(tiny: Tiny) -> None:
     model, ids = tiny.engine.model, tiny.prompt
     full = prefill_logits(tiny.engine, ids)[-1]
     cache = fresh_cache(tiny.engine)
-    model.prefill(torch.tensor(ids[:3]), 0, 2, cache)
+    model.prefill([Segment(torch.tensor(ids[:3]), 0, 2)], cache)
     for pos in range(3, len(ids)):
         hidden = model.decode(torch.tensor([ids[pos]]), torch.tensor([pos]), torch.tensor([2]), 1, cache)
     assert_close(model.logits(hidden)[0], full)
     # a prompt prefilled in chunks of 5 (a later chunk attends to the cached earlier ones)
     chunked = fresh_cache(tiny.engine)
     for start in range(0, len(ids), 5):
-        hidden = model.prefill(torch.tensor(ids[start:start + 5]), start, 1, chunked)
+        hidden = model.prefill([Segment(torch.tensor(ids[start:start + 5]), start, 1)], chunked)
     assert_close(model.logits(hidden)[-1], full)
 
 
@@ -133,8 +134,8 @@ def test_the_torch_path_agrees_with_our_kernels(tiny: Tiny) -> None:
     def last_two(uses_kernels: bool) -> torch.Tensor:
         model.uses_kernels = uses_kernels
         cache = fresh_cache(tiny.engine)
-        model.prefill(torch.tensor(ids[:-2]), 0, 0, cache)
-        model.prefill(torch.tensor(ids[:-1]), 0, 1, cache)
+        model.prefill([Segment(torch.tensor(ids[:-2]), 0, 0)], cache)
+        model.prefill([Segment(torch.tensor(ids[:-1]), 0, 1)], cache)
         hidden = model.decode(torch.tensor([ids[-2], ids[-1]]), torch.tensor([len(ids) - 2, len(ids) - 1]),
                               torch.tensor([0, 1]), 2, cache)
         return model.logits(hidden)

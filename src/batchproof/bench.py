@@ -99,7 +99,9 @@ async def _band(url: str, body: dict, c: int) -> dict:
     errors = [r.error for r in results if r.error]
     if errors:
         raise RuntimeError(f"{url}: {errors[0]}")
-    rates = [r.decode_tok_s for r in results if r.decode_tok_s]
+    # Every server is timed from its own chunk arrivals (the probe times only `live` streams).
+    rates = [(r.completion_tokens - 1) / (r.arrivals[-1] - r.arrivals[0])
+             for r in results if r.completion_tokens and len(r.arrivals) >= 2 and r.arrivals[-1] > r.arrivals[0]]
     return {
         "c": c,
         "aggregate_tok_s": sum(r.completion_tokens or 0 for r in results) / wall,

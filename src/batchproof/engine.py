@@ -17,7 +17,7 @@ from batchproof.kv_cache import KVCache
 from batchproof.logprobs import TokenRecord, build_records
 from batchproof.model import Transformer
 from batchproof.model_runner import ModelRunner
-from batchproof.sampler import SamplingError, apply_penalties, banned_for_step, choose_token
+from batchproof.sampler import SamplingError, apply_penalties, banned_for_step, choose_token, greedy_tokens
 from batchproof.sampling_params import SamplingParams
 from batchproof.scheduler import Scheduler
 from batchproof.sequence import RequestOutput, Sequence, Status
@@ -164,21 +164,12 @@ class Engine:
         """Logits [len(seqs), V] for the next token of each scheduled sequence."""
         if not prefill:
             return self.runner.decode(decode), [None] * len(decode)
-        results = [self.runner.prefill(seq) for seq in prefill]
+        results = self.runner.prefill(prefill)
         return torch.stack([logits for logits, _ in results]), [records for _, records in results]
 
     def _sample_and_record(self, seqs: list[Sequence], logits: torch.Tensor) -> list[_Choice]:
         rows = [apply_penalties(logits[i], s.params, s.seen_ids, s.output_counts) for i, s in enumerate(seqs)]
-        choices = []
-        for seq, row in zip(seqs, rows):
-            if seq.params.max_tokens == 0:  # prompt scoring only
-                choices.append(_Choice(None, None))
-                continue
-            banned = banned_for_step(seq.params, self.end_ids, len(seq.output_ids))
-            try:
-                choices.append(_Choice(choose_token(row, seq.params, banned, seq.generator), None))
-            except (SamplingError, RuntimeError) as e:  # this request fails; the batch goes on
-                choices.append(_Choice(None, None, f"step {len(seq.output_ids)}: {e}"))
+        choices = self._choose(seqs, rows)
         # Records read the same logits the choice read, after it: asking for them changes nothing.
         wanted = [i for i, (s, c) in enumerate(zip(seqs, choices)) if s.wants_records and c.token_id is not None]
         if wanted:
@@ -193,6 +184,27 @@ class Engine:
                     choices[i] = _Choice(None, None, f"step {record.step}: logprobs are not finite")
                 else:
                     choices[i].record = record
+        return choices
+
+    def _choose(self, seqs: list[Sequence], rows: list[torch.Tensor]) -> list[_Choice]:
+        choices: list[_Choice] = []
+        banned = [banned_for_step(s.params, self.end_ids, len(s.output_ids)) for s in seqs]
+        # Plain greedy rows (the common case) are chosen in one pass; the rest one by one.
+        plain = [i for i, s in enumerate(seqs) if s.params.is_greedy and not banned[i] and s.params.max_tokens]
+        greedy = dict(zip(plain, greedy_tokens(torch.stack([rows[i] for i in plain])))) if plain else {}
+        for i, (seq, row) in enumerate(zip(seqs, rows)):
+            step = len(seq.output_ids)
+            if seq.params.max_tokens == 0:  # prompt scoring only
+                choices.append(_Choice(None, None))
+            elif i in greedy:
+                token_id = greedy[i]
+                choices.append(_Choice(token_id, None, None if token_id is not None else
+                                       f"step {step}: no token can be chosen: every logit is NaN or -inf"))
+            else:
+                try:
+                    choices.append(_Choice(choose_token(row, seq.params, banned[i], seq.generator), None))
+                except (SamplingError, RuntimeError) as e:  # this request fails; the batch goes on
+                    choices.append(_Choice(None, None, f"step {step}: {e}"))
         return choices
 
     def _emit(self, seqs: list[Sequence], choices: list[_Choice], prompt_records: list) -> list[RequestOutput]:

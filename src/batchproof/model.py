@@ -11,6 +11,15 @@ from batchproof.gguf_file import ModelFile, ModelSpec
 from batchproof.kv_cache import KVCache
 
 
+@dataclass(frozen=True)
+class Segment:
+    """Consecutive prompt tokens of one sequence: positions start.. in the cache slot `slot`."""
+
+    token_ids: torch.Tensor  # [n]
+    start: int
+    slot: int
+
+
 @dataclass
 class LayerWeights:
     attn_norm: torch.Tensor  # [dim]
@@ -154,29 +163,50 @@ class Transformer:
         """hidden: [n, dim] after the final norm -> [n, vocab] float32 logits."""
         return self._linear(hidden, self.lm_head).float()
 
-    # --- prefill: one sequence's prompt (or a chunk of it) ---------------------------
+    # --- prefill: prompt chunks of one or more sequences ------------------------------
 
-    def prefill(self, token_ids: torch.Tensor, start: int, slot: int, cache: KVCache) -> torch.Tensor:
-        """token_ids: [n] at positions start.. -> final hidden states [n, dim]."""
-        n = token_ids.shape[0]
-        positions = torch.arange(start, start + n, device=token_ids.device)
+    @property
+    def batches_prefill(self) -> bool:
+        """Whether several prompts may share a prefill call without changing a bit of either:
+        yes with our kernels (a row's sums never see its company) or when invariance is off."""
+        return self.uses_kernels or not self.is_batch_invariant
+
+    def prefill(self, segments: list[Segment], cache: KVCache) -> torch.Tensor:
+        """Prompt chunks -> final hidden states [total tokens, dim], segment after segment.
+
+        Matmuls run over every segment's rows at once; attention runs per segment, causal,
+        over that sequence's own cache region.
+        """
+        device = self.embed.device
+        token_ids = torch.cat([seg.token_ids for seg in segments])
+        positions = torch.cat([torch.arange(seg.start, seg.start + len(seg.token_ids), device=device)
+                               for seg in segments])
+        bounds = torch.tensor([0, *(len(seg.token_ids) for seg in segments)]).cumsum(0).tolist()
         x = self.embed[token_ids]  # [n, dim]
-        mask = None
-        if start > 0:  # a later chunk also sees every earlier position
-            key_pos = torch.arange(start + n, device=token_ids.device)
-            mask = key_pos[None, :] <= positions[:, None]  # [n, start + n]
         for i, layer in enumerate(self.layers):
             h = self._norm(x, layer.attn_norm)
             q, k, v = self._qkv(layer, h, positions)
-            cache.write_prompt(i, slot, start, k.transpose(0, 1), v.transpose(0, 1))
-            keys, values = cache.view(i, slot, start + n)  # [kv_heads, L, hd]
-            attn = F.scaled_dot_product_attention(
-                q.transpose(0, 1)[None], keys[None], values[None],
-                attn_mask=mask, is_causal=mask is None, scale=self.scale, enable_gqa=True,
-            )  # [1, heads, n, hd]
-            x = self._linear(attn[0].transpose(0, 1).flatten(1), layer.wo, residual=x)
+            attn = torch.cat([self._prefill_attention(i, seg, q[a:b], k[a:b], v[a:b], cache)
+                              for seg, a, b in zip(segments, bounds, bounds[1:])])
+            x = self._linear(attn, layer.wo, residual=x)
             x = self._mlp(layer, x)
         return self._norm(x, self.final_norm)
+
+    def _prefill_attention(self, layer: int, seg: Segment, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           cache: KVCache) -> torch.Tensor:
+        """q: [n, heads, hd], k and v: [n, kv_heads, hd] of one segment -> [n, q_dim]."""
+        n, start = q.shape[0], seg.start
+        cache.write_prompt(layer, seg.slot, start, k.transpose(0, 1), v.transpose(0, 1))
+        keys, values = cache.view(layer, seg.slot, start + n)  # [kv_heads, start + n, hd]
+        mask = None
+        if start > 0:  # a later chunk also sees every earlier position
+            key_pos = torch.arange(start + n, device=q.device)
+            mask = key_pos[None, :] <= torch.arange(start, start + n, device=q.device)[:, None]
+        attn = F.scaled_dot_product_attention(
+            q.transpose(0, 1)[None], keys[None], values[None],
+            attn_mask=mask, is_causal=mask is None, scale=self.scale, enable_gqa=True,
+        )  # [1, heads, n, hd]
+        return attn[0].transpose(0, 1).flatten(1)
 
     # --- decode: one new token for each of several sequences ------------------------
 

@@ -4,7 +4,7 @@ import torch
 
 from batchproof.kv_cache import KVCache
 from batchproof.logprobs import TokenRecord, build_records
-from batchproof.model import Transformer
+from batchproof.model import Segment, Transformer
 from batchproof.sequence import Sequence
 
 
@@ -16,26 +16,40 @@ class ModelRunner:
         self.max_prefill_tokens = max_prefill_tokens
         self.device = model.embed.device
 
-    def prefill(self, seq: Sequence) -> tuple[torch.Tensor, list[TokenRecord | None] | None]:
-        """Feed the whole prompt of one sequence -> (last position's logits [V], prompt records).
+    def prefill(self, seqs: list[Sequence]) -> list[tuple[torch.Tensor, list[TokenRecord | None] | None]]:
+        """Feed the prompts of newly admitted sequences -> per sequence, (its last position's
+        logits [V], its prompt records or None).
 
-        Each prompt runs alone, in chunks whose bounds depend only on its own length, so a
-        prompt's numbers are the same whoever else arrived with it. Prompt scoring turns
+        Each prompt is cut into chunks at bounds that depend only on its own length; where
+        the model can share a call without changing a bit (`batches_prefill`), the chunks of
+        every newcomer go through together, else one prompt at a time. Prompt scoring turns
         each chunk's logits into records at once, so at most one chunk of logits is held.
         """
-        ids = torch.tensor(seq.prompt_ids, dtype=torch.int64, device=self.device)
+        groups = [seqs] if self.model.batches_prefill else [[seq] for seq in seqs]
+        results: dict[int, tuple] = {}
+        for group in groups:
+            ids = {id(s): torch.tensor(s.prompt_ids, dtype=torch.int64, device=self.device) for s in group}
+            scored: dict[int, list] = {id(s): [None] for s in group}  # nothing predicts a first token
+            last_hidden: dict[int, torch.Tensor] = {}
+            longest = max(len(s.prompt_ids) for s in group)
+            for start in range(0, longest, self.max_prefill_tokens):
+                active = [s for s in group if start < len(s.prompt_ids)]
+                segments = [Segment(ids[id(s)][start:start + self.max_prefill_tokens], start, s.slot) for s in active]
+                hidden = self.model.prefill(segments, self.cache)
+                for seq, rows in zip(active, hidden.split([len(seg.token_ids) for seg in segments])):
+                    last_hidden[id(seq)] = rows[-1:]
+                    if seq.params.prompt_logprobs is not None:
+                        scored[id(seq)] += self._score(seq, start, rows)
+            last_logits = self.model.logits(torch.cat([last_hidden[id(s)] for s in group])).cpu()
+            for seq, logits in zip(group, last_logits):
+                results[id(seq)] = (logits, scored[id(seq)] if seq.params.prompt_logprobs is not None else None)
+        return [results[id(seq)] for seq in seqs]
+
+    def _score(self, seq: Sequence, start: int, rows: torch.Tensor) -> list[TokenRecord]:
+        targets = seq.prompt_ids[start + 1:start + 1 + len(rows)]  # row i predicts token start + i + 1
+        logits = self.model.logits(rows[:len(targets)]).cpu()
         top_n = seq.params.prompt_logprobs
-        scored: list[TokenRecord | None] = [None]  # nothing predicts the first prompt token
-        hidden = None
-        for start in range(0, len(ids), self.max_prefill_tokens):
-            hidden = self.model.prefill(ids[start:start + self.max_prefill_tokens], start, seq.slot, self.cache)
-            if top_n is not None:
-                targets = seq.prompt_ids[start + 1:start + 1 + len(hidden)]  # row i predicts token start+i+1
-                logits = self.model.logits(hidden[:len(targets)]).cpu()
-                scored += build_records(logits, targets, [top_n] * len(targets),
-                                        list(range(start + 1, start + 1 + len(targets))))
-        last = self.model.logits(hidden[-1:])[0].cpu()
-        return last, (scored if top_n is not None else None)
+        return build_records(logits, targets, [top_n] * len(targets), list(range(start + 1, start + 1 + len(targets))))
 
     def decode(self, seqs: list[Sequence]) -> torch.Tensor:
         """One new token for each sequence, all in one forward pass -> logits [len(seqs), V]."""

@@ -51,6 +51,13 @@ def choose_token(logits: torch.Tensor, params: SamplingParams, banned_ids: froze
     return _sample(usable, params, generator)
 
 
+def greedy_tokens(logits: torch.Tensor) -> list[int | None]:
+    """[B, V] -> each row's first maximum, as choose_token picks it greedily without bans;
+    None for a row with nothing to choose. One pass for the whole batch."""
+    best, ids = torch.where(logits.isnan(), NEG_INF, logits).max(dim=-1)  # ties: the first (lowest) id
+    return [None if b == NEG_INF else i for b, i in zip(best.tolist(), ids.tolist())]
+
+
 def _sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
     # The max goes first: a huge logit divided by a small temperature must not overflow.
     scaled = (logits - logits.max()) / params.temperature
