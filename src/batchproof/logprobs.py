@@ -42,40 +42,53 @@ class TopK:
     counts: torch.Tensor  # [B] int64, k clamped to the row's non-NaN logits
 
 
-def _log_softmax_terms(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """[B, V] -> (terms [B, V], shift [B, 1], log_total [B, 1]) with
-    logprob = (terms - shift) - log_total: subtracting the max first keeps the sum's
-    logarithm from vanishing next to a huge logit (two tied 1e30s get -log 2 each).
+@dataclass(frozen=True)
+class Normalizer:
+    """Each row's log-softmax, kept as (terms - shift) - log_total and evaluated only where
+    asked: subtracting the max first keeps the sum's logarithm from vanishing next to a
+    huge logit (two tied 1e30s get -log 2 each)."""
 
-    NaN counts as absent. A row holding +inf gives its +inf entries all the mass,
-    shared equally, and every other entry none.
-    """
+    clean: torch.Tensor  # [B, V] the logits with NaN as -inf: what ranking reads
+    terms: torch.Tensor  # [B, V] what the softmax reads (clean, unless the row holds +inf)
+    shift: torch.Tensor  # [B, 1]
+    log_total: torch.Tensor  # [B, 1]
+
+    def logprobs(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """[B, k] ids -> [B, k] logprobs."""
+        return (self.terms.gather(-1, token_ids) - self.shift) - self.log_total
+
+
+def normalizer(logits: torch.Tensor) -> Normalizer:
+    """NaN counts as absent. A row holding +inf gives its +inf entries all the mass,
+    shared equally, and every other entry none."""
     clean = torch.where(logits.isnan(), float("-inf"), logits.float())
     row_max = clean.amax(dim=-1, keepdim=True)  # exact, order-free
     has_inf = row_max == float("inf")
-    terms = torch.where(has_inf, torch.where(clean == float("inf"), 0.0, float("-inf")), clean)
+    terms = clean
+    if bool(has_inf.any()):
+        terms = torch.where(has_inf, torch.where(clean == float("inf"), 0.0, float("-inf")), clean)
     shift = torch.where(has_inf, 0.0, torch.where(row_max.isfinite(), row_max, 0.0))
     exps = (terms - shift).exp()
     pad = -exps.shape[-1] % NORMALIZER_CHUNK
     if pad:
         exps = torch.nn.functional.pad(exps, (0, pad))  # zeros add nothing
     total = exps.unflatten(-1, (-1, NORMALIZER_CHUNK)).sum(-1).sum(-1, keepdim=True)  # [B, 1]
-    return terms, shift, total.log()
+    return Normalizer(clean, terms, shift, total.log())
 
 
 def log_normalizer(logits: torch.Tensor) -> torch.Tensor:
     """logsumexp over each row's non-NaN logits: [B, V] -> [B]; stable for huge logits."""
-    _, shift, log_total = _log_softmax_terms(logits)
-    return (shift + log_total).squeeze(-1)
+    norm = normalizer(logits)
+    return (norm.shift + norm.log_total).squeeze(-1)
 
 
 def log_softmax(logits: torch.Tensor) -> torch.Tensor:
     """[B, V] -> [B, V] logprobs, NaN entries as -inf, every row on its own fixed-order sums."""
-    terms, shift, log_total = _log_softmax_terms(logits)
-    return (terms - shift) - log_total
+    norm = normalizer(logits)
+    return (norm.terms - norm.shift) - norm.log_total
 
 
-def top_k_logprobs(logits: torch.Tensor, k: int) -> TopK:
+def top_k_logprobs(logits: torch.Tensor, k: int, norm: Normalizer | None = None) -> TopK:
     """The k best tokens of each row of [B, V] logits, with logit and logprob.
 
     NaN is never ranked; k is clamped to the number of non-NaN logits; among equal
@@ -84,16 +97,22 @@ def top_k_logprobs(logits: torch.Tensor, k: int) -> TopK:
     batch, vocab = logits.shape
     k = max(0, min(k, vocab))
     nan = logits.isnan()
-    clean = torch.where(nan, float("-inf"), logits.float())
-    logprobs = log_softmax(logits)
     counts = torch.clamp((~nan).sum(-1), max=k)
     if k == 0:
         empty = torch.empty(batch, 0)
         return TopK(empty.long(), empty, empty, counts)
+    norm = norm or normalizer(logits)
+    clean = norm.clean
     # topk finds the threshold; every token at or above it is a candidate, so ties at
     # the boundary are all present before we order them.
     threshold = clean.topk(k, dim=-1).values[:, -1:]
-    rows, cols = ((clean >= threshold) & ~nan).nonzero(as_tuple=True)  # row-major, ids ascending
+    candidates = clean >= threshold
+    if bool((threshold == float("-inf")).any()):  # NaN (as -inf) must not pass as a candidate
+        candidates &= ~nan
+    rows, cols = candidates.nonzero(as_tuple=True)  # row-major, ids ascending
+    if cols.numel() == 0:  # every logit NaN in every row
+        ids = torch.zeros(batch, k, dtype=torch.int64)
+        return TopK(ids, torch.full((batch, k), float("nan")), torch.full((batch, k), float("nan")), counts)
     values = clean[rows, cols]
     # Two stable sorts: by value (descending), then by row; ids stay ascending among ties.
     order = values.sort(descending=True, stable=True).indices
@@ -103,22 +122,20 @@ def top_k_logprobs(logits: torch.Tensor, k: int) -> TopK:
     starts = torch.cumsum(per_row, 0) - per_row
     take = starts[:, None] + torch.arange(k)[None, :]  # [B, k]
     take = torch.minimum(take, (starts + per_row - 1).clamp(min=0)[:, None])
-    if cols.numel() == 0:  # every logit NaN in every row
-        ids = torch.zeros(batch, k, dtype=torch.int64)
-        return TopK(ids, torch.full((batch, k), float("nan")), torch.full((batch, k), float("nan")), counts)
-    ids, top_logits = cols[take], values[take]
-    return TopK(ids, top_logits, logprobs.gather(-1, ids), counts)
+    ids = cols[take]
+    return TopK(ids, values[take], norm.logprobs(ids), counts)
 
 
-def chosen_logprobs(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+def chosen_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, norm: Normalizer | None = None) -> torch.Tensor:
     """[B, V] logits and [B] chosen ids -> [B] logprobs of the chosen tokens."""
-    return log_softmax(logits).gather(-1, token_ids[:, None]).squeeze(-1)
+    return (norm or normalizer(logits)).logprobs(token_ids[:, None]).squeeze(-1)
 
 
 def build_records(logits: torch.Tensor, token_ids: list[int], top_ns: list[int], steps: list[int]) -> list[TokenRecord]:
     """One record per row: the chosen token and the row's own top-N, from the same logits."""
-    top = top_k_logprobs(logits, max(top_ns, default=0))
-    chosen = chosen_logprobs(logits, torch.tensor(token_ids, dtype=torch.int64)).tolist()
+    norm = normalizer(logits)
+    top = top_k_logprobs(logits, max(top_ns, default=0), norm)
+    chosen = chosen_logprobs(logits, torch.tensor(token_ids, dtype=torch.int64), norm).tolist()
     ids, top_logits, top_logprobs = top.ids.tolist(), top.logits.tolist(), top.logprobs.tolist()
     counts = top.counts.tolist()
     records = []
