@@ -229,6 +229,71 @@ void bp_rope_f32(float *x, int64_t rows, int64_t row_stride, int64_t heads, int6
     }
 }
 
+/* silu(gate) * up for each row of [gate | up]. torch would run the tail of a range in
+ * scalar code (glibc expf) and the rest in vector code (another exp), so an element's
+ * bits would depend on where the row count puts the range ends; here every element goes
+ * through the same code: one exp polynomial (Cephes' expf), masked at the end of a row. */
+#define EXP_HI 88.3762626647949f
+#define EXP_LO -88.3762626647949f
+#define LOG2E 1.44269504088896341f
+#define LN2_HI 0.693359375f
+#define LN2_LO -2.12194440e-4f
+
+static float exp_poly(float x) {
+    x = x > EXP_HI ? EXP_HI : (x < EXP_LO ? EXP_LO : x);
+    float n = nearbyintf(x * LOG2E);
+    float r = (x - n * LN2_HI) - n * LN2_LO;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = (p * (r * r) + r) + 1.0f;
+    return ldexpf(p, (int)n);
+}
+
+static void silu_mul_scalar(const float *g, const float *u, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = (g[i] / (1.0f + exp_poly(-g[i]))) * u[i];
+}
+
+#ifdef BP_X86
+__attribute__((target("avx512f")))
+static __m512 exp_poly_avx512(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(EXP_LO)), _mm512_set1_ps(EXP_HI));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_sub_ps(_mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(LN2_HI))),
+                             _mm512_mul_ps(n, _mm512_set1_ps(LN2_LO)));
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(p, _mm512_mul_ps(r, r)), r), _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+__attribute__((target("avx512f")))
+static void silu_mul_avx512(const float *g, const float *u, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 mask = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1u);
+        __m512 gv = _mm512_maskz_loadu_ps(mask, g + i), uv = _mm512_maskz_loadu_ps(mask, u + i);
+        __m512 e = exp_poly_avx512(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+        __m512 s = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+        _mm512_mask_storeu_ps(y + i, mask, _mm512_mul_ps(s, uv));
+    }
+}
+#endif
+
+void bp_silu_mul_f32(const float *gate_up, float *y, int64_t rows, int64_t ffn) {
+    void (*row_fn)(const float *, const float *, float *, int64_t) = silu_mul_scalar;
+#ifdef BP_X86
+    if (isa_level() == 2) row_fn = silu_mul_avx512;
+#endif
+    for (int64_t r = 0; r < rows; r++) row_fn(gate_up + r * 2 * ffn, gate_up + r * 2 * ffn + ffn, y + r * ffn, ffn);
+}
+
 /* ---------------- decode attention, one sequence at a time ---------------- */
 
 /* One query head against its sequence's L keys: softmax(q.k * scale) @ v, every sum in

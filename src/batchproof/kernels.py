@@ -22,6 +22,8 @@ def _library() -> ctypes.CDLL | None:
     lib.bp_rms_norm_f32.restype = None
     lib.bp_rope_f32.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr, ptr, ctypes.c_int]
     lib.bp_rope_f32.restype = None
+    lib.bp_silu_mul_f32.argtypes = [ptr, ptr, i64, i64]
+    lib.bp_silu_mul_f32.restype = None
     lib.bp_decode_attention_f32.argtypes = [ptr] * 6 + [i64] * 5 + [ctypes.c_float, ctypes.c_int]
     lib.bp_decode_attention_f32.restype = None
     lib.bp_isa_level.restype = ctypes.c_int
@@ -78,6 +80,15 @@ def rope_(rows: torch.Tensor, num_heads: int, head_dim: int, rope_dim: int, posi
     positions = positions.to(torch.int64).contiguous()
     _library().bp_rope_f32(_ptr(rows), rows.shape[0], rows.shape[1], num_heads, head_dim, rope_dim,
                            _ptr(positions), _ptr(cos), _ptr(sin), 0 if style == "adjacent" else 1)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """[rows, 2 * ffn] ([gate | up]) -> silu(gate) * up, [rows, ffn], every element by the same code."""
+    gate_up = gate_up.contiguous()
+    rows, width = gate_up.shape
+    y = torch.empty(rows, width // 2, dtype=torch.float32)
+    _library().bp_silu_mul_f32(_ptr(gate_up), _ptr(y), rows, width // 2)
+    return y
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,

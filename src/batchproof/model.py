@@ -156,8 +156,13 @@ class Transformer:
 
     def _mlp(self, layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:
         h = self._norm(x, layer.ffn_norm)
-        gate, up = self._linear(h, layer.w_gate_up).chunk(2, dim=-1)  # [n, ffn_dim] each
-        return self._linear(F.silu(gate) * up, layer.w_down, residual=x)
+        gate_up = self._linear(h, layer.w_gate_up)  # [n, 2 * ffn_dim]
+        if self.uses_kernels:
+            act = kernels.silu_mul(gate_up)
+        else:
+            gate, up = gate_up.chunk(2, dim=-1)
+            act = F.silu(gate) * up
+        return self._linear(act, layer.w_down, residual=x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [n, dim] after the final norm -> [n, vocab] float32 logits."""
