@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, help="GGUF file (default: the packaged SmolLM2-135M-Instruct)")
     parser.add_argument("--max-tokens", type=int, default=128, help="tokens per decode measurement")
     parser.add_argument("--prompt", default=DEFAULT_PROMPT)
-    parser.add_argument("--repeats", type=int, default=3, help="runs per figure (the median is reported)")
+    parser.add_argument("--repeats", type=int, default=5, help="runs per figure (the median is reported)")
     parser.add_argument("--no-engine", action="store_true", help="skip the in-process engine figures")
     parser.add_argument("--serve", action="store_true", help="start `batchproof serve` and measure it over HTTP")
     parser.add_argument("--serve-arg", action="append", default=[], help="extra flag for the served engine")
@@ -43,37 +43,38 @@ def _median(values: list[float]) -> float:
 
 # --- the engine, in process ----------------------------------------------------------------
 
-def engine_figures(args: argparse.Namespace) -> dict:
+def load_engine(args: argparse.Namespace):
     from batchproof.config import EngineConfig
     from batchproof.engine import Engine
+
+    return Engine(EngineConfig(model_path=args.model, device="cpu"))
+
+
+def engine_prefill(engine, args: argparse.Namespace) -> dict:
     from batchproof.sampling_params import SamplingParams
 
-    engine = Engine(EngineConfig(model_path=args.model, device="cpu"))
-    figures: dict = {"load_s": engine.load_time_s, "info": engine.info()}
     prefill_ids = engine.tokenizer.encode(PREFILL_TEXT)
-    prefill_rates = []
+    rates = []
     for i in range(args.repeats):
         started = time.perf_counter()
         engine.generate({f"p{i}": (prefill_ids, SamplingParams(temperature=0, max_tokens=1))})
-        prefill_rates.append(len(prefill_ids) / (time.perf_counter() - started))
-    figures["prefill_tokens"] = len(prefill_ids)
-    figures["prefill_tok_s"] = _median(prefill_rates)
-    prompt_ids = engine.chat_prompt_ids([{"role": "user", "content": args.prompt}])
-    for label, top in (("decode_tok_s", None), ("decode_top20_tok_s", 20)):
-        rates = []
-        for i in range(args.repeats):
-            params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True, top_logprobs=top)
-            engine.add_request(f"d{i}", prompt_ids, params)
-            engine.step()  # the prefill step gives the first token; time the decode steps after it
-            started, steps = time.perf_counter(), 0
-            while engine.has_work():
-                engine.step()
-                steps += 1
-            rates.append((args.max_tokens - 1) / (time.perf_counter() - started))
-            engine.take_batch_summary()
-        figures[label] = _median(rates)
-    figures["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return figures
+        rates.append(len(prefill_ids) / (time.perf_counter() - started))
+    return {"load_s": engine.load_time_s, "info": engine.info(), "prefill_tokens": len(prefill_ids),
+            "prefill_tok_s": _median(rates)}
+
+
+def engine_decode_rate(engine, args: argparse.Namespace, top_logprobs: int | None) -> float:
+    """One greedy request alone: its decode steps (after the prefill step) per second."""
+    from batchproof.sampling_params import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True, top_logprobs=top_logprobs)
+    engine.add_request("bench", engine.chat_prompt_ids([{"role": "user", "content": args.prompt}]), params)
+    engine.step()
+    started = time.perf_counter()
+    while engine.has_work():
+        engine.step()
+    engine.take_batch_summary()
+    return (args.max_tokens - 1) / (time.perf_counter() - started)
 
 
 # --- servers, over HTTP ----------------------------------------------------------------------
@@ -110,17 +111,25 @@ async def _band(url: str, body: dict, c: int) -> dict:
     }
 
 
-def http_figures(url: str, args: argparse.Namespace, ladder: list[int]) -> dict:
+def served_model(url: str) -> str | None:
     import httpx
 
     models = httpx.get(f"{url}/v1/models", timeout=30).json().get("data") or [{}]
-    model = models[0].get("id")
-    figures: dict = {"url": url, "model": model}
-    for label, top in (("decode_tok_s", None), ("decode_top20_tok_s", 20)):
-        runs = [asyncio.run(_band(url, _body(args, model, top), 1)) for _ in range(args.repeats)]
-        figures[label] = _median([r["per_request_tok_s"] for r in runs])
-    figures["bands"] = [asyncio.run(_band(url, _body(args, model, None), c)) for c in ladder]
-    return figures
+    return models[0].get("id")
+
+
+def http_decode_rate(url: str, model: str | None, args: argparse.Namespace, top_logprobs: int | None) -> float:
+    return asyncio.run(_band(url, _body(args, model, top_logprobs), 1))["per_request_tok_s"]
+
+
+def single_stream(measurements: dict, repeats: int) -> dict:
+    """Median of each measurement, taken in interleaved rounds (A, B, C, A, B, C, ...) so a
+    slow minute of a shared machine hits every figure alike."""
+    runs: dict = {label: [] for label in measurements}
+    for _ in range(repeats):
+        for label, measure in measurements.items():
+            runs[label].append(measure())
+    return {label: {"median": _median(values), "runs": values} for label, values in runs.items()}
 
 
 def _free_port() -> int:
@@ -201,10 +210,13 @@ def ratios(results: dict) -> list[str]:
     if engine and ours:
         lines.append(f"HTTP cost: {1 - ours['decode_tok_s'] / engine['decode_tok_s']:+.1%} "
                      f"(engine {engine['decode_tok_s']:.1f} vs HTTP {ours['decode_tok_s']:.1f} tok/s)")
+    if engine:
+        lines.append(f"logprobs cost (top_logprobs 20, engine): "
+                     f"{1 - engine['decode_top20_tok_s'] / engine['decode_tok_s']:+.1%}")
     if ours:
         lines.append(f"logprobs cost (top_logprobs 20, HTTP): "
                      f"{1 - ours['decode_top20_tok_s'] / ours['decode_tok_s']:+.1%}")
-        by_c = {b["c"]: b for b in ours["bands"]}
+        by_c = {b["c"]: b for b in ours.get("bands", [])}
         if 1 in by_c and 4 in by_c:
             share = by_c[4]["per_request_tok_s"] / by_c[1]["per_request_tok_s"]
             lines.append(f"per-request decode c=4 / c=1: {share:.0%}")
@@ -212,8 +224,8 @@ def ratios(results: dict) -> list[str]:
             lines.append(f"aggregate c=16 / c=1: {by_c[16]['aggregate_tok_s'] / by_c[1]['aggregate_tok_s']:.1f}x")
     if ours and peer:
         lines.append(f"single stream ours / peer: {ours['decode_tok_s'] / peer['decode_tok_s']:.2f}")
-        peer_by_c = {b["c"]: b for b in peer["bands"]}
-        for band in ours["bands"]:
+        peer_by_c = {b["c"]: b for b in peer.get("bands", [])}
+        for band in ours.get("bands", []):
             other = peer_by_c.get(band["c"])
             if other:
                 aggregate = band["aggregate_tok_s"] / other["aggregate_tok_s"]
@@ -225,19 +237,37 @@ def ratios(results: dict) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     ladder = [int(c) for c in args.concurrency.split(",") if c.strip()]
     results: dict = {"machine": {"cpus": os.cpu_count(), "host": socket.gethostname()}}
-    if not args.no_engine:
-        results["engine"] = engine_figures(args)
     process = None
     try:
-        url = args.url
+        url = args.url.rstrip("/") if args.url else None
         if args.serve:
             process, url = start_server(args)
-        if url:
-            results["ours"] = http_figures(url.rstrip("/"), args, ladder)
-            if process is not None:
-                results["ours"]["peak_rss_mb"] = _peak_rss_mb(process.pid)
-        if args.vs:
-            results["peer"] = http_figures(args.vs.rstrip("/"), args, ladder)
+        engine = None if args.no_engine else load_engine(args)
+        targets = {"ours": url, "peer": args.vs.rstrip("/") if args.vs else None}
+        models = {key: served_model(target) for key, target in targets.items() if target}
+        measurements = {}
+        if engine is not None:
+            results["engine"] = engine_prefill(engine, args)
+            measurements["engine"] = lambda: engine_decode_rate(engine, args, None)
+            measurements["engine_top20"] = lambda: engine_decode_rate(engine, args, 20)
+        for key, model in models.items():
+            measurements[key] = lambda t=targets[key], m=model: http_decode_rate(t, m, args, None)
+            measurements[f"{key}_top20"] = lambda t=targets[key], m=model: http_decode_rate(t, m, args, 20)
+        rounds = single_stream(measurements, args.repeats)
+        for key in ("engine", *models):
+            if key in rounds:
+                figures = results.setdefault(key, {})
+                figures["decode_tok_s"] = rounds[key]["median"]
+                figures["decode_top20_tok_s"] = rounds[f"{key}_top20"]["median"]
+                figures["decode_runs"] = [rounds[key]["runs"], rounds[f"{key}_top20"]["runs"]]
+        if engine is not None:
+            results["engine"]["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            del engine
+        for key, model in models.items():
+            results[key] |= {"url": targets[key], "model": model,
+                             "bands": [asyncio.run(_band(targets[key], _body(args, model, None), c)) for c in ladder]}
+        if process is not None:
+            results["ours"]["peak_rss_mb"] = _peak_rss_mb(process.pid)
     except RuntimeError as e:
         print(f"batchproof bench: {e}", file=sys.stderr)
         return 1

@@ -102,9 +102,35 @@ def top_k_logprobs(logits: torch.Tensor, k: int, norm: Normalizer | None = None)
         empty = torch.empty(batch, 0)
         return TopK(empty.long(), empty, empty, counts)
     norm = norm or normalizer(logits)
+    fast = _top_k_without_boundary_ties(norm.clean, k)
+    if fast is not None:
+        return TopK(fast[0], fast[1], norm.logprobs(fast[0]), counts)
+    return _top_k_exact(norm, nan, k, counts)
+
+
+def _top_k_without_boundary_ties(clean: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The common case, cheaply: when no row's k-th value ties with its (k+1)-th, torch's
+    topk holds exactly the right tokens; only ties inside them need ordering by id.
+    None when some row ties across the boundary (or holds fewer than k + 1 finite values)."""
+    vocab = clean.shape[-1]
+    if k >= vocab:
+        return None
+    values, ids = clean.topk(k + 1, dim=-1)  # best first
+    if not bool((values[:, k - 1] > values[:, k]).all()):
+        return None
+    values, ids = values[:, :k], ids[:, :k]
+    # Stable sorts: by id, then by value (descending); ties end up in ascending id order.
+    by_id = ids.sort(dim=-1, stable=True).indices
+    ids, values = ids.gather(-1, by_id), values.gather(-1, by_id)
+    by_value = values.sort(dim=-1, descending=True, stable=True).indices
+    return ids.gather(-1, by_value), values.gather(-1, by_value)
+
+
+def _top_k_exact(norm: Normalizer, nan: torch.Tensor, k: int, counts: torch.Tensor) -> TopK:
+    """Any rows, ties and NaNs included: every token at or above each row's k-th value is
+    a candidate, so ties at the boundary are all present before they are ordered."""
     clean = norm.clean
-    # topk finds the threshold; every token at or above it is a candidate, so ties at
-    # the boundary are all present before we order them.
+    batch = clean.shape[0]
     threshold = clean.topk(k, dim=-1).values[:, -1:]
     candidates = clean >= threshold
     if bool((threshold == float("-inf")).any()):  # NaN (as -inf) must not pass as a candidate
