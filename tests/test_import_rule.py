@@ -16,7 +16,7 @@ ENGINE = {"gguf_file", "default_model", "tokenizer", "chat_template", "model", "
           "sampling_params", "sampler", "logprobs", "text_stream", "sequence", "scheduler", "model_runner",
           "engine", "async_engine", "config"}
 TORCH_FREE_PREFIXES = ("probe", "check")
-TORCH_FREE = {"contract", "witness_read", "cli", "cli_args", "config"}
+TORCH_FREE = {"contract", "witness_read", "cli", "cli_args", "config", "hashing"}
 
 
 def our_imports(module: str) -> set[str]:

@@ -1,6 +1,5 @@
 """The engine: owns the model and the KV cache, and advances every live request one token per step."""
 
-import hashlib
 import os
 import secrets
 import time
@@ -12,6 +11,7 @@ import torch
 from batchproof.chat_template import ChatTemplate
 from batchproof.config import EngineConfig
 from batchproof.default_model import default_model_path
+from batchproof.hashing import file_sha256
 from batchproof.gguf_file import ModelLoadError, ModelSpec, read_model_file
 from batchproof.kv_cache import KVCache
 from batchproof.logprobs import TokenRecord, build_records
@@ -48,14 +48,6 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 class Engine:

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from batchproof.hashing import file_sha256
 from batchproof.probe_config import ProbeConfig
 from batchproof.probe_matrix import Matrix
 from batchproof.probe_verdict import BandJudgement, ReferenceJudgement, Result, band_rate
@@ -33,19 +34,11 @@ class SlotRecord:
     decode_tok_s: float | None
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def identify(config: ProbeConfig) -> Identity:
     model = None
     if config.model_file is not None:
-        model = {"path": config.model_file.name, "sha256": sha256_file(config.model_file)}
-    binary = sha256_file(config.binary) if config.binary is not None else config.binary_sha256
+        model = {"path": config.model_file.name, "sha256": file_sha256(config.model_file)}
+    binary = file_sha256(config.binary) if config.binary is not None else config.binary_sha256
     return Identity(config.host, config.commit, binary, model)
 
 

@@ -4,13 +4,15 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from batchproof.async_engine import AsyncEngine
 from batchproof.errors import APIError
 from batchproof.metrics import Metrics
+from batchproof.openai_format import SSE_DONE, sse
 from batchproof.request_plan import Plan
 from batchproof.sequence import RequestOutput
 
@@ -36,6 +38,10 @@ def engine_error(out: RequestOutput, timeout_s: float) -> APIError | None:
     if out.finish_reason == "abort":
         return APIError(504, f"request aborted after {timeout_s:g} s", type_="timeout_error")
     return None
+
+
+def timeout_error(timeout_s: float) -> APIError:
+    return APIError(504, f"request timed out after {timeout_s:g} s", type_="timeout_error")
 
 
 def count_mismatch(num_entries: int, out: RequestOutput) -> APIError:
@@ -88,3 +94,52 @@ async def collect(request: Request, stream: AsyncIterator[RequestOutput]) -> lis
     if work not in done:
         return None
     return work.result()
+
+
+async def reply(request: Request, stream: AsyncIterator[RequestOutput], timeout_s: float, is_streamed: bool,
+                whole: Callable[[list[RequestOutput]], dict],
+                events: Callable[[AsyncIterator[RequestOutput]], AsyncIterator[bytes]]) -> Response:
+    """The response for one request: an SSE stream of `events`, or `whole` of every delta."""
+    if is_streamed:
+        return StreamingResponse(events(stream), media_type="text/event-stream")
+    try:
+        outputs = await collect(request, stream)
+    except TimeoutError:
+        raise timeout_error(timeout_s) from None
+    if outputs is None:
+        return Response(status_code=CLIENT_GONE)
+    error = engine_error(outputs[-1], timeout_s)
+    if error is not None:
+        raise error
+    return JSONResponse(whole(outputs))
+
+
+async def sse_events(stream: AsyncIterator[RequestOutput], timeout_s: float, wants_records: bool, first: list[dict],
+                     chunk: Callable[[RequestOutput], dict],
+                     usage_chunk: Callable[[RequestOutput], dict] | None) -> AsyncIterator[bytes]:
+    """`first`, then one chunk per delta that carries text or the finish, then usage and
+    [DONE]; an error, a timeout or a reply whose records do not number its tokens ends the
+    stream with an error event and no [DONE]."""
+    for event in first:
+        yield sse(event)
+    num_records, last = 0, None
+    try:
+        async with contextlib.aclosing(stream):
+            async for out in stream:
+                error = engine_error(out, timeout_s)
+                if error is None and wants_records:
+                    num_records += len(out.records)
+                    if out.finish_reason is not None and num_records != out.num_kept_tokens:
+                        error = count_mismatch(num_records, out)
+                if error is not None:
+                    yield sse(error.body())
+                    return
+                if out.text or out.finish_reason is not None:
+                    yield sse(chunk(out))
+                last = out
+    except TimeoutError:
+        yield sse(timeout_error(timeout_s).body())
+        return
+    if usage_chunk is not None:
+        yield sse(usage_chunk(last))
+    yield SSE_DONE

@@ -1,18 +1,17 @@
 """POST /v1/completions: the legacy shape, with echo and prompt scoring (max_tokens 0)."""
 
-import contextlib
 import time
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response
 
 from batchproof.errors import APIError
-from batchproof.openai_format import SSE_DONE, TextOffsets, legacy_logprobs, sse, usage
+from batchproof.openai_format import TextOffsets, legacy_logprobs, usage
 from batchproof.protocol import CompletionRequest
 from batchproof.request_plan import Plan, check_model, plan_request
-from batchproof.request_runner import (CLIENT_GONE, admit, collect, count_mismatch, deltas, engine_error,
-                                      new_request_id)
+from batchproof.request_runner import admit, count_mismatch, deltas, new_request_id, reply, sse_events
+from batchproof.sequence import RequestOutput
 from batchproof.server_state import ServerState, parse_body
 
 router = APIRouter()
@@ -59,72 +58,42 @@ async def completions(request: Request) -> Response:
     plan = _plan(req, state)
     admit(state.async_engine, state.config.max_queue)
     request_id = new_request_id("cmpl")
-    stream = deltas(state.async_engine, state.metrics, request_id, plan, state.config.request_timeout_s)
+    timeout_s = state.config.request_timeout_s
+    stream = deltas(state.async_engine, state.metrics, request_id, plan, timeout_s)
     base = {"id": request_id, "object": "text_completion", "created": int(time.time()),
             "model": state.served_model_name}
-    if req.stream:
-        return StreamingResponse(_sse(stream, base, req, plan, state), media_type="text/event-stream")
-    try:
-        outputs = await collect(request, stream)
-    except TimeoutError:
-        raise APIError(504, f"request timed out after {state.config.request_timeout_s:g} s",
-                       type_="timeout_error") from None
-    if outputs is None:
-        return Response(status_code=CLIENT_GONE)
-    return JSONResponse(_whole_reply(outputs, base, req, plan, state))
-
-
-def _whole_reply(outputs: list, base: dict, req: CompletionRequest, plan: Plan, state: ServerState) -> dict:
-    last = outputs[-1]
-    error = engine_error(last, state.config.request_timeout_s)
-    if error is not None:
-        raise error
     tokenizer = state.engine.tokenizer
-    completion = "".join(o.text for o in outputs)
-    prefix = tokenizer.decode(plan.prompt_ids) if req.echo else ""
-    choice: dict = {"index": 0, "text": prefix + completion, "finish_reason": last.finish_reason}
-    if req.logprobs is not None:
-        records = [r for o in outputs for r in o.records]
-        if len(records) != last.num_kept_tokens:
-            raise count_mismatch(len(records), last)
-        token_ids = [r.token_id for r in records]
-        scored: list = []
-        if req.echo:
-            scored = outputs[0].prompt_records or [None] * len(plan.prompt_ids)
-            token_ids = plan.prompt_ids + token_ids
-        choice["logprobs"] = legacy_logprobs(tokenizer, scored + records, token_ids, TextOffsets(tokenizer))
-    else:
-        choice["logprobs"] = None
-    return {**base, "choices": [choice], "usage": usage(last.num_prompt_tokens, last.num_output_tokens)}
+    wants_logprobs = req.logprobs is not None
 
+    def whole(outputs: list[RequestOutput]) -> dict:
+        last = outputs[-1]
+        prefix = tokenizer.decode(plan.prompt_ids) if req.echo else ""
+        choice: dict = {"index": 0, "text": prefix + "".join(o.text for o in outputs),
+                        "finish_reason": last.finish_reason, "logprobs": None}
+        if wants_logprobs:
+            records = [r for o in outputs for r in o.records]
+            if len(records) != last.num_kept_tokens:
+                raise count_mismatch(len(records), last)
+            token_ids = [r.token_id for r in records]
+            scored: list = []
+            if req.echo:
+                scored = outputs[0].prompt_records or [None] * len(plan.prompt_ids)
+                token_ids = plan.prompt_ids + token_ids
+            choice["logprobs"] = legacy_logprobs(tokenizer, scored + records, token_ids, TextOffsets(tokenizer))
+        return {**base, "choices": [choice], "usage": usage(last.num_prompt_tokens, last.num_output_tokens)}
 
-async def _sse(stream: AsyncIterator, base: dict, req: CompletionRequest, plan: Plan,
-               state: ServerState) -> AsyncIterator[bytes]:
-    tokenizer = state.engine.tokenizer
-    num_records, offsets = 0, TextOffsets(tokenizer)
-    try:
-        async with contextlib.aclosing(stream):
-            async for out in stream:
-                error = engine_error(out, state.config.request_timeout_s)
-                if error is not None:
-                    yield sse(error.body())
-                    return
-                num_records += len(out.records)
-                if out.finish_reason is not None and req.logprobs is not None and num_records != out.num_kept_tokens:
-                    yield sse(count_mismatch(num_records, out).body())
-                    return
-                if not out.text and out.finish_reason is None:
-                    continue
-                choice: dict = {"index": 0, "text": out.text, "finish_reason": out.finish_reason, "logprobs": None}
-                if req.logprobs is not None:
-                    choice["logprobs"] = legacy_logprobs(tokenizer, out.records, [r.token_id for r in out.records],
-                                                         offsets)
-                yield sse({**base, "choices": [choice]})
-                last = out
-    except TimeoutError:
-        yield sse(APIError(504, f"request timed out after {state.config.request_timeout_s:g} s",
-                           type_="timeout_error").body())
-        return
-    if plan.include_usage:
-        yield sse({**base, "choices": [], "usage": usage(last.num_prompt_tokens, last.num_output_tokens)})
-    yield SSE_DONE
+    offsets = TextOffsets(tokenizer)  # one running count of characters across the chunks
+
+    def chunk(out: RequestOutput) -> dict:
+        choice: dict = {"index": 0, "text": out.text, "finish_reason": out.finish_reason, "logprobs": None}
+        if wants_logprobs:
+            choice["logprobs"] = legacy_logprobs(tokenizer, out.records, [r.token_id for r in out.records], offsets)
+        return {**base, "choices": [choice]}
+
+    def usage_chunk(out: RequestOutput) -> dict:
+        return {**base, "choices": [], "usage": usage(out.num_prompt_tokens, out.num_output_tokens)}
+
+    def events(stream: AsyncIterator[RequestOutput]) -> AsyncIterator[bytes]:
+        return sse_events(stream, timeout_s, wants_logprobs, [], chunk, usage_chunk if plan.include_usage else None)
+
+    return await reply(request, stream, timeout_s, bool(req.stream), whole, events)
