@@ -13,6 +13,8 @@ import gguf
 import numpy as np
 import torch
 
+from batchproof.tokenizer import bytes_to_unicode
+
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
@@ -24,19 +26,6 @@ MERGES: list[tuple[str, str]] = [
 ]
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TOKEN_NORMAL, TOKEN_CONTROL = 1, 3
-
-
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's printable stand-in character for each byte (as in its encoder.py)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars = printable[:]
-    n = 0
-    for b in range(256):
-        if b not in printable:
-            printable.append(b)
-            chars.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(printable, chars)}
 
 
 def vocab() -> tuple[list[str], list[int]]:

@@ -38,8 +38,8 @@ END_OF_TURN_SPELLINGS = {
 }
 
 
-def _byte_decoder() -> dict[str, int]:
-    """GPT-2's printable stand-in character for each byte, inverted."""
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's printable stand-in character for each byte (byte-level BPE spells tokens in these)."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     chars = printable[:]
     n = 0
@@ -48,7 +48,7 @@ def _byte_decoder() -> dict[str, int]:
             printable.append(b)
             chars.append(256 + n)
             n += 1
-    return {chr(c): b for b, c in zip(printable, chars)}
+    return {b: chr(c) for b, c in zip(printable, chars)}
 
 
 def _pre_tokenizer(pre: str) -> Any:
@@ -98,7 +98,7 @@ class Tokenizer:
         self._hf.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False) for i in special])
         self.special_ids = frozenset(special)
 
-        to_byte = _byte_decoder()
+        to_byte = {char: byte for byte, char in bytes_to_unicode().items()}
         self._bytes: list[bytes] = [
             t.encode("utf-8") if i in self.special_ids else bytes(to_byte[c] for c in t if c in to_byte)
             for i, t in enumerate(tokens)
