@@ -166,3 +166,34 @@ def test_probabilities_sum_to_one(k: int) -> None:
     assert torch.allclose(full.logprobs.double().exp().sum(-1), torch.ones(3, dtype=torch.float64), atol=1e-5)
     assert torch.allclose(full.logprobs, torch.log_softmax(logits, -1).gather(-1, full.ids), atol=1e-5)
     assert torch.equal(top_k_logprobs(logits, k).logprobs, full.logprobs[:, :k])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(st.sampled_from([0.0, 1.0, 1.0, -2.5, 3.0, 1e30, float("inf"), float("-inf"),
+                                          float("nan"), 7.25, -1e30]), min_size=6, max_size=6),
+                min_size=1, max_size=4),
+       st.integers(min_value=0, max_value=7))
+def test_kernel_and_torch_routes_agree(rows, k):
+    """Our one-pass kernel and the torch route: the same ids, counts and logits exactly,
+    the same logprobs to float32 rounding."""
+    from batchproof import kernels, logprobs
+
+    if not kernels.available():
+        pytest.skip("the kernels are not built here")
+    logits = torch.tensor(rows, dtype=torch.float32)
+    via_kernel = logprobs.top_k_logprobs(logits, k)
+    original = logprobs._uses_kernel
+    logprobs._uses_kernel = lambda _: False
+    try:
+        via_torch = logprobs.top_k_logprobs(logits, k)
+        chosen_torch = logprobs.chosen_logprobs(logits, torch.zeros(len(rows), dtype=torch.int64))
+    finally:
+        logprobs._uses_kernel = original
+    chosen_kernel = logprobs.chosen_logprobs(logits, torch.zeros(len(rows), dtype=torch.int64))
+    assert torch.equal(via_kernel.counts, via_torch.counts)
+    for r, count in enumerate(via_kernel.counts.tolist()):
+        assert via_kernel.ids[r, :count].tolist() == via_torch.ids[r, :count].tolist()
+        assert torch.equal(via_kernel.logits[r, :count], via_torch.logits[r, :count])
+        assert torch.allclose(via_kernel.logprobs[r, :count], via_torch.logprobs[r, :count], rtol=1e-5, atol=1e-6,
+                              equal_nan=True)
+    assert torch.allclose(chosen_kernel, chosen_torch, rtol=1e-5, atol=1e-6, equal_nan=True)

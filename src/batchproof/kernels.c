@@ -294,6 +294,82 @@ void bp_silu_mul_f32(const float *gate_up, float *y, int64_t rows, int64_t ffn) 
     for (int64_t r = 0; r < rows; r++) row_fn(gate_up + r * 2 * ffn, gate_up + r * 2 * ffn + ffn, y + r * ffn, ffn);
 }
 
+/* ---------------- logprobs: each row's normaliser and top k, in one pass ---------------- */
+
+/* Per row of [B, V] logits: the best k ids (NaN never ranked; ties to the lower id, since
+ * ids are visited in order and only a strictly better value displaces a kept one), and
+ * (max, log_total) with logprob = (term - shift) - log_total, shift the max (0 if it is
+ * not finite), term the logit, or for a row holding +inf: 0 for its +inf entries and
+ * -inf for the rest. The sum of
+ * exp(term - shift) runs in one fixed order per row (16 lanes, one fixed reduction). */
+static double row_exp_sum(const float *x, int64_t V, float shift, int has_inf);
+
+#ifdef BP_X86
+__attribute__((target("avx512f")))
+static double row_exp_sum_avx512(const float *x, int64_t V, float shift) {
+    __m512 acc = _mm512_setzero_ps(), s = _mm512_set1_ps(shift), ninf = _mm512_set1_ps(-INFINITY);
+    for (int64_t i = 0; i < V; i += 16) {
+        __mmask16 mask = V - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (V - i)) - 1u);
+        __m512 v = _mm512_mask_loadu_ps(ninf, mask, x + i);
+        /* NaN and -inf add nothing */
+        __mmask16 live = _mm512_cmp_ps_mask(v, ninf, _CMP_GT_OQ) & mask;
+        __m512 e = exp_poly_avx512(_mm512_sub_ps(v, s));
+        acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(live, e));
+    }
+    return (double)_mm512_reduce_add_ps(acc);
+}
+#endif
+
+static double row_exp_sum(const float *x, int64_t V, float shift, int has_inf) {
+    if (has_inf) {  /* only the +inf entries carry mass, one each */
+        double n = 0;
+        for (int64_t i = 0; i < V; i++) n += x[i] == INFINITY;
+        return n;
+    }
+#ifdef BP_X86
+    if (isa_level() == 2) return row_exp_sum_avx512(x, V, shift);
+#endif
+    float part[8] = {0};
+    for (int64_t i = 0; i < V; i++)
+        if (x[i] > -INFINITY) part[i & 7] += exp_poly(x[i] - shift);
+    return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+}
+
+void bp_top_k_logprobs_f32(const float *logits, int64_t B, int64_t V, int64_t k, int64_t *ids, float *values,
+                           float *row_max, float *log_total, int64_t *counts) {
+    for (int64_t b = 0; b < B; b++) {
+        const float *x = logits + b * V;
+        int64_t *row_ids = ids + b * k;
+        float *row_values = values + b * k;
+        int64_t kept = 0, finite_or_inf = 0;
+        float best = -INFINITY;
+        for (int64_t i = 0; i < V; i++) {
+            float v = x[i];
+            if (v != v) continue; /* NaN */
+            finite_or_inf++;
+            if (v > best) best = v;
+            if (k == 0 || (kept == k && !(v > row_values[k - 1]))) continue;
+            int64_t j = kept < k ? kept++ : k - 1; /* insert v, keeping the list best first */
+            while (j > 0 && v > row_values[j - 1]) {
+                row_values[j] = row_values[j - 1];
+                row_ids[j] = row_ids[j - 1];
+                j--;
+            }
+            row_values[j] = v;
+            row_ids[j] = i;
+        }
+        counts[b] = kept;
+        for (int64_t j = kept; j < k; j++) {
+            row_ids[j] = 0;
+            row_values[j] = NAN;
+        }
+        int has_inf = best == INFINITY;
+        float row_shift = has_inf || !(best > -INFINITY) ? 0.0f : best;
+        row_max[b] = best;
+        log_total[b] = finite_or_inf ? logf((float)row_exp_sum(x, V, row_shift, has_inf)) : -INFINITY;
+    }
+}
+
 /* ---------------- decode attention, one sequence at a time ---------------- */
 
 /* One query head against its sequence's L keys: softmax(q.k * scale) @ v, every sum in

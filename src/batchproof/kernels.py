@@ -22,6 +22,8 @@ def _library() -> ctypes.CDLL | None:
     lib.bp_rms_norm_f32.restype = None
     lib.bp_rope_f32.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr, ptr, ctypes.c_int]
     lib.bp_rope_f32.restype = None
+    lib.bp_top_k_logprobs_f32.argtypes = [ptr, i64, i64, i64, ptr, ptr, ptr, ptr, ptr]
+    lib.bp_top_k_logprobs_f32.restype = None
     lib.bp_silu_mul_f32.argtypes = [ptr, ptr, i64, i64]
     lib.bp_silu_mul_f32.restype = None
     lib.bp_decode_attention_f32.argtypes = [ptr] * 6 + [i64] * 5 + [ctypes.c_float, ctypes.c_int]
@@ -89,6 +91,20 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     y = torch.empty(rows, width // 2, dtype=torch.float32)
     _library().bp_silu_mul_f32(_ptr(gate_up), _ptr(y), rows, width // 2)
     return y
+
+
+def top_k_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, ...]:
+    """[B, V] -> (ids [B, k], logits [B, k], row max [B], log_total [B], counts [B]): each
+    row's best k (NaN never, ties to the lower id) and its normaliser, in one pass."""
+    logits = logits.contiguous()
+    b, v = logits.shape
+    ids = torch.empty(b, k, dtype=torch.int64)
+    values = torch.empty(b, k, dtype=torch.float32)
+    row_max, log_total = torch.empty(b, dtype=torch.float32), torch.empty(b, dtype=torch.float32)
+    counts = torch.empty(b, dtype=torch.int64)
+    _library().bp_top_k_logprobs_f32(_ptr(logits), b, v, k, _ptr(ids), _ptr(values), _ptr(row_max),
+                                     _ptr(log_total), _ptr(counts))
+    return ids, values, row_max, log_total, counts
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,

@@ -1,8 +1,11 @@
-"""Logprobs as pure tensor functions: a fixed-order normaliser and top-k with exact ties."""
+"""Logprobs as pure tensor functions: a fixed-order normaliser and top-k with exact ties
+(in our kernel, one pass per row, where it applies; in torch otherwise)."""
 
 from dataclasses import dataclass
 
 import torch
+
+from batchproof import kernels
 
 # The normaliser sums in chunks of this many logits, then sums the chunk totals: the
 # same two reductions for every row, whatever the batch (torch splits one long row
@@ -44,36 +47,55 @@ class TopK:
 
 @dataclass(frozen=True)
 class Normalizer:
-    """Each row's log-softmax, kept as (terms - shift) - log_total and evaluated only where
-    asked: subtracting the max first keeps the sum's logarithm from vanishing next to a
-    huge logit (two tied 1e30s get -log 2 each)."""
+    """Each row's log-softmax as (term - shift) - log_total, evaluated only where asked:
+    subtracting the max first keeps the sum's logarithm from vanishing next to a huge
+    logit (two tied 1e30s get -log 2 each). A term is the logit (NaN as -inf), except in
+    a row holding +inf: there its +inf entries share all the mass and the rest get none."""
 
-    clean: torch.Tensor  # [B, V] the logits with NaN as -inf: what ranking reads
-    terms: torch.Tensor  # [B, V] what the softmax reads (clean, unless the row holds +inf)
+    logits: torch.Tensor  # [B, V] float32
+    row_max: torch.Tensor  # [B, 1] over non-NaN logits
     shift: torch.Tensor  # [B, 1]
     log_total: torch.Tensor  # [B, 1]
 
     def logprobs(self, token_ids: torch.Tensor) -> torch.Tensor:
         """[B, k] ids -> [B, k] logprobs."""
-        return (self.terms.gather(-1, token_ids) - self.shift) - self.log_total
+        return (_terms(self.logits.gather(-1, token_ids), self.row_max) - self.shift) - self.log_total
+
+
+def _terms(values: torch.Tensor, row_max: torch.Tensor) -> torch.Tensor:
+    clean = torch.where(values.isnan(), float("-inf"), values)
+    has_inf = row_max == float("inf")
+    return torch.where(has_inf, torch.where(clean == float("inf"), 0.0, float("-inf")), clean)
+
+
+def _shift(row_max: torch.Tensor) -> torch.Tensor:
+    return torch.where(row_max.isfinite(), row_max, torch.zeros_like(row_max))
+
+
+def _uses_kernel(logits: torch.Tensor) -> bool:
+    return logits.dtype == torch.float32 and logits.device.type == "cpu" and kernels.available()
 
 
 def normalizer(logits: torch.Tensor) -> Normalizer:
-    """NaN counts as absent. A row holding +inf gives its +inf entries all the mass,
-    shared equally, and every other entry none."""
-    clean = torch.where(logits.isnan(), float("-inf"), logits.float())
+    logits = logits.float()
+    if _uses_kernel(logits):
+        return _kernel_top_k(logits, 0)[0]
+    clean = torch.where(logits.isnan(), float("-inf"), logits)
     row_max = clean.amax(dim=-1, keepdim=True)  # exact, order-free
-    has_inf = row_max == float("inf")
-    terms = clean
-    if bool(has_inf.any()):
-        terms = torch.where(has_inf, torch.where(clean == float("inf"), 0.0, float("-inf")), clean)
-    shift = torch.where(has_inf, 0.0, torch.where(row_max.isfinite(), row_max, 0.0))
-    exps = (terms - shift).exp()
+    shift = _shift(row_max)
+    exps = (_terms(clean, row_max) - shift).exp()
     pad = -exps.shape[-1] % NORMALIZER_CHUNK
     if pad:
         exps = torch.nn.functional.pad(exps, (0, pad))  # zeros add nothing
     total = exps.unflatten(-1, (-1, NORMALIZER_CHUNK)).sum(-1).sum(-1, keepdim=True)  # [B, 1]
-    return Normalizer(clean, terms, shift, total.log())
+    return Normalizer(logits, row_max, shift, total.log())
+
+
+def _kernel_top_k(logits: torch.Tensor, k: int) -> tuple[Normalizer, TopK]:
+    """Both in one pass over each row, in our fixed-order kernel."""
+    ids, values, row_max, log_total, counts = kernels.top_k_logprobs(logits, k)
+    norm = Normalizer(logits, row_max[:, None], _shift(row_max[:, None]), log_total[:, None])
+    return norm, TopK(ids, values, norm.logprobs(ids), counts)
 
 
 def log_normalizer(logits: torch.Tensor) -> torch.Tensor:
@@ -85,27 +107,35 @@ def log_normalizer(logits: torch.Tensor) -> torch.Tensor:
 def log_softmax(logits: torch.Tensor) -> torch.Tensor:
     """[B, V] -> [B, V] logprobs, NaN entries as -inf, every row on its own fixed-order sums."""
     norm = normalizer(logits)
-    return (norm.terms - norm.shift) - norm.log_total
+    return (_terms(norm.logits, norm.row_max) - norm.shift) - norm.log_total
 
 
-def top_k_logprobs(logits: torch.Tensor, k: int, norm: Normalizer | None = None) -> TopK:
+def top_k_logprobs(logits: torch.Tensor, k: int) -> TopK:
     """The k best tokens of each row of [B, V] logits, with logit and logprob.
 
     NaN is never ranked; k is clamped to the number of non-NaN logits; among equal
     logits the lower id comes first.
     """
+    return _normalizer_and_top_k(logits, k)[1]
+
+
+def _normalizer_and_top_k(logits: torch.Tensor, k: int) -> tuple[Normalizer, TopK]:
+    logits = logits.float()
     batch, vocab = logits.shape
     k = max(0, min(k, vocab))
+    if _uses_kernel(logits):
+        return _kernel_top_k(logits, k)
+    norm = normalizer(logits)
     nan = logits.isnan()
     counts = torch.clamp((~nan).sum(-1), max=k)
     if k == 0:
         empty = torch.empty(batch, 0)
-        return TopK(empty.long(), empty, empty, counts)
-    norm = norm or normalizer(logits)
-    fast = _top_k_without_boundary_ties(norm.clean, k)
+        return norm, TopK(empty.long(), empty, empty, counts)
+    clean = torch.where(nan, float("-inf"), logits)
+    fast = _top_k_without_boundary_ties(clean, k)
     if fast is not None:
-        return TopK(fast[0], fast[1], norm.logprobs(fast[0]), counts)
-    return _top_k_exact(norm, nan, k, counts)
+        return norm, TopK(fast[0], fast[1], norm.logprobs(fast[0]), counts)
+    return norm, _top_k_exact(norm, clean, nan, k, counts)
 
 
 def _top_k_without_boundary_ties(clean: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -126,10 +156,9 @@ def _top_k_without_boundary_ties(clean: torch.Tensor, k: int) -> tuple[torch.Ten
     return ids.gather(-1, by_value), values.gather(-1, by_value)
 
 
-def _top_k_exact(norm: Normalizer, nan: torch.Tensor, k: int, counts: torch.Tensor) -> TopK:
+def _top_k_exact(norm: Normalizer, clean: torch.Tensor, nan: torch.Tensor, k: int, counts: torch.Tensor) -> TopK:
     """Any rows, ties and NaNs included: every token at or above each row's k-th value is
     a candidate, so ties at the boundary are all present before they are ordered."""
-    clean = norm.clean
     batch = clean.shape[0]
     threshold = clean.topk(k, dim=-1).values[:, -1:]
     candidates = clean >= threshold
@@ -152,16 +181,15 @@ def _top_k_exact(norm: Normalizer, nan: torch.Tensor, k: int, counts: torch.Tens
     return TopK(ids, values[take], norm.logprobs(ids), counts)
 
 
-def chosen_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, norm: Normalizer | None = None) -> torch.Tensor:
+def chosen_logprobs(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
     """[B, V] logits and [B] chosen ids -> [B] logprobs of the chosen tokens."""
-    return (norm or normalizer(logits)).logprobs(token_ids[:, None]).squeeze(-1)
+    return normalizer(logits).logprobs(token_ids[:, None]).squeeze(-1)
 
 
 def build_records(logits: torch.Tensor, token_ids: list[int], top_ns: list[int], steps: list[int]) -> list[TokenRecord]:
     """One record per row: the chosen token and the row's own top-N, from the same logits."""
-    norm = normalizer(logits)
-    top = top_k_logprobs(logits, max(top_ns, default=0), norm)
-    chosen = chosen_logprobs(logits, torch.tensor(token_ids, dtype=torch.int64), norm).tolist()
+    norm, top = _normalizer_and_top_k(logits, max(top_ns, default=0))
+    chosen = norm.logprobs(torch.tensor(token_ids, dtype=torch.int64)[:, None]).squeeze(-1).tolist()
     ids, top_logits, top_logprobs = top.ids.tolist(), top.logits.tolist(), top.logprobs.tolist()
     counts = top.counts.tolist()
     records = []
