@@ -200,3 +200,22 @@ def test_min_tokens_above_max_tokens_is_refused() -> None:
     with pytest.raises(SamplingParamsError) as caught:
         SamplingParams(min_tokens=5, max_tokens=3)
     assert caught.value.param == "min_tokens"
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(st.sampled_from([0.0, 1.0, 1.0, -3.0, 5.0, float("nan"), float("-inf"), float("inf")]),
+                         min_size=5, max_size=5), min_size=1, max_size=4),
+       st.lists(st.frozensets(st.integers(min_value=0, max_value=4), max_size=3), min_size=4, max_size=4))
+def test_batched_greedy_equals_one_row_at_a_time(rows, bans):
+    """The engine's one-pass greedy choice and choose_token agree, bans included."""
+    from batchproof.sampler import greedy_tokens
+
+    logits = torch.tensor(rows, dtype=torch.float32)
+    bans = bans[:len(rows)]
+    batched = greedy_tokens(logits, bans)
+    for row, banned, picked in zip(logits, bans, batched):
+        try:
+            expected = choose_token(row, SamplingParams(temperature=0.0), banned, None)
+        except SamplingError:
+            expected = None
+        assert picked == expected

@@ -181,9 +181,12 @@ class Engine:
     def _choose(self, seqs: list[Sequence], rows: list[torch.Tensor]) -> list[_Choice]:
         choices: list[_Choice] = []
         banned = [banned_for_step(s.params, self.end_ids, len(s.output_ids)) for s in seqs]
-        # Plain greedy rows (the common case) are chosen in one pass; the rest one by one.
-        plain = [i for i, s in enumerate(seqs) if s.params.is_greedy and not banned[i] and s.params.max_tokens]
-        greedy = dict(zip(plain, greedy_tokens(torch.stack([rows[i] for i in plain])))) if plain else {}
+        # Greedy rows (the common case) are chosen in one pass; sampled ones one by one.
+        plain = [i for i, s in enumerate(seqs) if s.params.is_greedy and s.params.max_tokens]
+        greedy = {}
+        if plain:
+            picks = greedy_tokens(torch.stack([rows[i] for i in plain]), [banned[i] for i in plain])
+            greedy = dict(zip(plain, picks))
         for i, (seq, row) in enumerate(zip(seqs, rows)):
             step = len(seq.output_ids)
             if seq.params.max_tokens == 0:  # prompt scoring only
@@ -191,7 +194,7 @@ class Engine:
             elif i in greedy:
                 token_id = greedy[i]
                 choices.append(_Choice(token_id, None, None if token_id is not None else
-                                       f"step {step}: no token can be chosen: every logit is NaN or -inf"))
+                                       f"step {step}: no token can be chosen: every logit is NaN, -inf or banned"))
             else:
                 try:
                     choices.append(_Choice(choose_token(row, seq.params, banned[i], seq.generator), None))

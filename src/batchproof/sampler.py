@@ -51,11 +51,15 @@ def choose_token(logits: torch.Tensor, params: SamplingParams, banned_ids: froze
     return _sample(usable, params, generator)
 
 
-def greedy_tokens(logits: torch.Tensor) -> list[int | None]:
-    """[B, V] -> each row's first maximum, as choose_token picks it greedily without bans;
-    None for a row with nothing to choose. One pass for the whole batch."""
-    best, ids = torch.where(logits.isnan(), NEG_INF, logits).max(dim=-1)  # ties: the first (lowest) id
-    return [None if b == NEG_INF else i for b, i in zip(best.tolist(), ids.tolist())]
+def greedy_tokens(logits: torch.Tensor, banned: list[frozenset[int]]) -> list[int | None]:
+    """[B, V] -> each row's first maximum among its allowed ids, as choose_token picks it
+    greedily; None for a row with nothing to choose. One pass for the whole batch."""
+    usable = torch.where(logits.isnan(), NEG_INF, logits)
+    for row, ids in enumerate(banned):
+        if ids:
+            usable[row, torch.tensor(sorted(ids), dtype=torch.int64, device=logits.device)] = NEG_INF
+    best, choice = usable.max(dim=-1)  # ties: the first (lowest) id
+    return [None if b == NEG_INF else i for b, i in zip(best.tolist(), choice.tolist())]
 
 
 def _sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
