@@ -146,14 +146,19 @@ static void tile_scalar(const float *x, const float *w, float *y, int64_t K, int
 
 typedef void (*tile_fn)(const float *, const float *, float *, int64_t, int64_t, int, int, const float *);
 
+static int isa_cap = 2; /* lowered by tests, to run the AVX2 and portable paths here too */
+
 static int isa_level(void) {
+    int level = 0;
 #ifdef BP_X86
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f")) return 2;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 1;
+    if (__builtin_cpu_supports("avx512f")) level = 2;
+    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) level = 1;
 #endif
-    return 0;
+    return level < isa_cap ? level : isa_cap;
 }
+
+void bp_cap_isa_level(int cap) { isa_cap = cap; }
 
 static tile_fn pick_tile(void) {
 #ifdef BP_X86

@@ -29,6 +29,8 @@ def _library() -> ctypes.CDLL | None:
     lib.bp_decode_attention_f32.argtypes = [ptr] * 6 + [i64] * 5 + [ctypes.c_float, ctypes.c_int]
     lib.bp_decode_attention_f32.restype = None
     lib.bp_isa_level.restype = ctypes.c_int
+    lib.bp_cap_isa_level.argtypes = [ctypes.c_int]
+    lib.bp_cap_isa_level.restype = None
     return lib
 
 
@@ -39,6 +41,16 @@ def available() -> bool:
 def kernel_name() -> str | None:
     lib = _library()
     return None if lib is None else f"batchproof-{ISA_NAMES[lib.bp_isa_level()]}"
+
+
+def isa_level() -> int:
+    """2: AVX-512, 1: AVX2 + FMA, 0: portable C."""
+    return _library().bp_isa_level()
+
+
+def cap_isa_level(cap: int) -> None:
+    """Use at most this instruction set from now on (tests run every path on one machine)."""
+    _library().bp_cap_isa_level(cap)
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
