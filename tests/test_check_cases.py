@@ -1,7 +1,6 @@
 """Every row of the shape check's case table (spec/shape-check.md), with its exact reasons."""
 
 import pytest
-
 from test_check_support import (
     C1,
     C4,
@@ -138,7 +137,12 @@ CASES = [
         5,
         ["floor: c=4 declared_min 1 is below the contract's floor 64"],
     ),
-    ("declared_min 63", [set_band(C8, "declared_min", 63)], 5, ["floor: c=8 declared_min 63 is below the contract's floor 64"]),
+    (
+        "declared_min 63",
+        [set_band(C8, "declared_min", 63)],
+        5,
+        ["floor: c=8 declared_min 63 is below the contract's floor 64"],
+    ),
 ]
 
 

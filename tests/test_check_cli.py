@@ -5,11 +5,6 @@ import subprocess
 import sys
 
 import pytest
-
-from batchproof.check_rules import judge
-from batchproof.cli import main
-from batchproof.contract import BlessedModel, Contract, load_contract
-from batchproof.witness_read import typed_witness
 from test_check_support import (
     APRENDER_CONTRACT,
     C4,
@@ -26,6 +21,11 @@ from test_check_support import (
     run_cli,
     set_band,
 )
+
+from batchproof.check_rules import judge
+from batchproof.cli import main
+from batchproof.contract import BlessedModel, Contract, load_contract
+from batchproof.witness_read import typed_witness
 
 SMOLLM_SHA = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
@@ -78,7 +78,8 @@ def test_json_output_on_red_is_one_line_and_the_exit_code_stays(tmp_path):
 
 
 def test_aprender_v3_is_judged_by_aprender_contract(tmp_path):
-    code, out, _ = run_cli(["check", str(FIXTURES / "aprender-v3.json"), "--contract", str(APRENDER_CONTRACT), "--json"])
+    code, out, _ = run_cli(["check", str(FIXTURES / "aprender-v3.json"), "--contract", str(APRENDER_CONTRACT),
+                            "--json"])
     assert (code, json.loads(out)) == (0, {"verdict": "ADMISSIBLE", "reasons": []})
 
 
@@ -92,7 +93,8 @@ def test_aprender_v3_is_not_our_blessed_model():
 
 def test_aprender_v2_is_read_but_cannot_show_s7():
     # v2 has no decode_tok_s: read, judged, and not admissible because S7 is unmeasured.
-    code, out, _ = run_cli(["check", str(FIXTURES / "aprender-v2.json"), "--contract", str(APRENDER_CONTRACT), "--json"])
+    code, out, _ = run_cli(["check", str(FIXTURES / "aprender-v2.json"), "--contract", str(APRENDER_CONTRACT),
+                            "--json"])
     assert code == 5
     assert json.loads(out)["reasons"] == ["S7 unmeasured at c=1 and c=4 (no positive decode_tok_s)"]
 
@@ -130,7 +132,8 @@ def test_the_prefix_folds_only_ascii_case():
     witness = control()
     witness["model"]["path"] = "\u212aelvin-1b.gguf"
     contract = _contract(blessed_models=(BlessedModel("kelvin"),))
-    assert _reasons(witness, contract) == ['S1: model "\\u212aelvin-1b.gguf" does not start with a blessed prefix (kelvin)']
+    expected = 'S1: model "\\u212aelvin-1b.gguf" does not start with a blessed prefix (kelvin)'
+    assert _reasons(witness, contract) == [expected]
 
 
 def test_a_blank_model_sha256_is_missing():

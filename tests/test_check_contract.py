@@ -6,6 +6,7 @@ from importlib import resources
 
 import pytest
 import yaml
+from test_check_support import check_text, control, run_cli
 
 import batchproof.contract as contract_module
 from batchproof.contract import (
@@ -17,7 +18,6 @@ from batchproof.contract import (
     load_contract,
     shipped_contract_text,
 )
-from test_check_support import check_text, control, run_cli
 
 SMOLLM_SHA = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 

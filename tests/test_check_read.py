@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_check_support import C1, C4, check_text, check_witness, control, mutated, run_cli, set_band, set_top
 
 from batchproof.witness_read import WitnessError, parse_witness, typed_witness
-from test_check_support import C1, C4, check_text, check_witness, control, mutated, run_cli, set_band, set_top
 
 JSON_SCALARS = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text()
 JSON_VALUES = st.recursive(

@@ -5,10 +5,11 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tiny_gguf import TinySpec, file_weights, write_tiny_gguf
 
 from batchproof.gguf_file import ModelLoadError, read_model_file
-from tiny_gguf import TinySpec, file_weights, write_tiny_gguf
 
 Q = gguf.GGMLQuantizationType
 

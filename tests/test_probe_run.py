@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 from scripted_server import (
-    ScriptedServer,
     SMALL_MATRIX,
     Script,
+    ScriptedServer,
     closed_port_url,
     frozen_when_batched,
     near_tie_flip,

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 import pytest
-from scripted_server import ScriptedServer, Script, run_probe, split_character
+from scripted_server import Script, ScriptedServer, run_probe, split_character
 
 
 def bands_of(witness: dict) -> list[tuple[int, int, str | None, str]]:

@@ -5,7 +5,8 @@ from collections import Counter
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from batchproof.sampler import SamplingError, apply_penalties, banned_for_step, choose_token
 from batchproof.sampling_params import SamplingParams, SamplingParamsError

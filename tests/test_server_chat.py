@@ -11,8 +11,8 @@ import torch
 from server_helpers import (
     ASCII_PROMPT,
     TIED_TOKEN_IDS,
-    chat_body,
     char_starts,
+    chat_body,
     joined_bytes,
     messages,
     post,

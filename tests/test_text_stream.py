@@ -3,7 +3,8 @@
 import codecs
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from batchproof.logprobs import TokenRecord
 from batchproof.text_stream import TextDelta, TextStream

@@ -4,12 +4,13 @@ import json
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tiny_gguf import TinySpec, token_id, write_tiny_gguf
 
 from batchproof.chat_template import ChatTemplate
 from batchproof.gguf_file import ModelLoadError, read_model_file
 from batchproof.tokenizer import Tokenizer
-from tiny_gguf import TinySpec, token_id, write_tiny_gguf
 
 REFERENCE = json.loads((Path(__file__).parent / "reference" / "hf_reference.json").read_text())
 VECTORS = REFERENCE["tokenizer"]

@@ -11,8 +11,8 @@ import torch
 from batchproof.chat_template import ChatTemplate
 from batchproof.config import EngineConfig
 from batchproof.default_model import default_model_path
-from batchproof.hashing import file_sha256
 from batchproof.gguf_file import ModelLoadError, ModelSpec, read_model_file
+from batchproof.hashing import file_sha256
 from batchproof.kv_cache import KVCache
 from batchproof.logprobs import TokenRecord, build_records
 from batchproof.model import Transformer

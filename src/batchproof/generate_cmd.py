@@ -26,9 +26,9 @@ def token_json(tokenizer, token_id: int) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    from batchproof.config import EngineConfig
     from batchproof.engine import Engine
     from batchproof.errors_cli import load_error_message
-    from batchproof.config import EngineConfig
     from batchproof.sampling_params import SamplingParams, SamplingParamsError
 
     try:
