@@ -136,7 +136,8 @@ class Transformer:
         """h: [n, dim] -> q [n, heads, hd], k and v [n, kv_heads, hd], RoPE applied."""
         s = self.spec
         qkv = self._linear(h, layer.wqkv, layer.bqkv)  # [n, q_dim + 2 kv_dim]
-        if self.uses_kernels and layer.q_norm is None:
+        rotated_in_kernel = self.uses_kernels and layer.q_norm is None  # qwen3 normalises Q/K first
+        if rotated_in_kernel:
             # Q's heads then K's heads open each row: rotate them all in place, in one call.
             kernels.rope_(qkv, s.num_heads + s.num_kv_heads, s.head_dim, s.rope_dim, positions,
                           self.rope_cos, self.rope_sin, s.rope_style)
@@ -144,7 +145,7 @@ class Transformer:
         q = q.unflatten(-1, (s.num_heads, s.head_dim))
         k = k.unflatten(-1, (s.num_kv_heads, s.head_dim))
         v = v.unflatten(-1, (s.num_kv_heads, s.head_dim))
-        if self.uses_kernels and layer.q_norm is None:
+        if rotated_in_kernel:
             return q, k, v
         if layer.q_norm is not None:  # qwen3 normalises each head before RoPE
             q = rms_norm(q, layer.q_norm, s.norm_eps)

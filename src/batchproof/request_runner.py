@@ -15,6 +15,7 @@ from batchproof.metrics import Metrics
 from batchproof.openai_format import SSE_DONE, sse
 from batchproof.request_plan import Plan
 from batchproof.sequence import RequestOutput
+from batchproof.server_state import ServerState
 
 QUEUE_RETRY_AFTER_S = 1
 
@@ -71,6 +72,13 @@ async def deltas(engine: AsyncEngine, metrics: Metrics, request_id: str, plan: P
 
 
 CLIENT_GONE = 499  # nginx's "client closed request": logged and counted, never sent
+
+
+def submit(state: ServerState, plan: Plan, id_prefix: str) -> tuple[str, AsyncIterator[RequestOutput]]:
+    """Admit a planned request (or refuse it: 429, 503) -> its id and its stream of deltas."""
+    admit(state.async_engine, state.config.max_queue)
+    request_id = new_request_id(id_prefix)
+    return request_id, deltas(state.async_engine, state.metrics, request_id, plan, state.config.request_timeout_s)
 
 
 async def collect(request: Request, stream: AsyncIterator[RequestOutput]) -> list[RequestOutput] | None:

@@ -10,7 +10,7 @@ from batchproof.errors import APIError
 from batchproof.openai_format import chat_entry, usage
 from batchproof.protocol import ChatCompletionRequest
 from batchproof.request_plan import Plan, check_model, plan_request
-from batchproof.request_runner import admit, count_mismatch, deltas, new_request_id, reply, sse_events
+from batchproof.request_runner import count_mismatch, reply, sse_events, submit
 from batchproof.sequence import RequestOutput
 from batchproof.server_state import ServerState, parse_body
 
@@ -38,10 +38,8 @@ async def chat_completions(request: Request) -> Response:
     state: ServerState = request.app.state.server
     req = parse_body(ChatCompletionRequest, await request.body())
     plan = _plan(req, state)
-    admit(state.async_engine, state.config.max_queue)
-    request_id = new_request_id("chatcmpl")
+    request_id, stream = submit(state, plan, "chatcmpl")
     timeout_s = state.config.request_timeout_s
-    stream = deltas(state.async_engine, state.metrics, request_id, plan, timeout_s)
     base = {"id": request_id, "created": int(time.time()), "model": state.served_model_name}
     tokenizer = state.engine.tokenizer
     wants_logprobs = plan.params.top_logprobs is not None

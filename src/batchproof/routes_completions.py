@@ -10,7 +10,7 @@ from batchproof.errors import APIError
 from batchproof.openai_format import TextOffsets, legacy_logprobs, usage
 from batchproof.protocol import CompletionRequest
 from batchproof.request_plan import Plan, check_model, plan_request
-from batchproof.request_runner import admit, count_mismatch, deltas, new_request_id, reply, sse_events
+from batchproof.request_runner import count_mismatch, reply, sse_events, submit
 from batchproof.sequence import RequestOutput
 from batchproof.server_state import ServerState, parse_body
 
@@ -56,10 +56,8 @@ async def completions(request: Request) -> Response:
     state: ServerState = request.app.state.server
     req = parse_body(CompletionRequest, await request.body())
     plan = _plan(req, state)
-    admit(state.async_engine, state.config.max_queue)
-    request_id = new_request_id("cmpl")
+    request_id, stream = submit(state, plan, "cmpl")
     timeout_s = state.config.request_timeout_s
-    stream = deltas(state.async_engine, state.metrics, request_id, plan, timeout_s)
     base = {"id": request_id, "object": "text_completion", "created": int(time.time()),
             "model": state.served_model_name}
     tokenizer = state.engine.tokenizer
