@@ -13,8 +13,8 @@ if platform.system() == "Darwin":
 setup(
     ext_modules=[
         Extension(
-            "batchproof._kernels",
-            sources=["src/batchproof/kernels.c"],
+            "batchproof.engine.model.ops._kernels",
+            sources=["src/batchproof/engine/model/ops/kernels.c"],
             extra_compile_args=compile_args,
             extra_link_args=["-fopenmp"] if "-fopenmp" in compile_args else [],
             optional=True,  # without a compiler the engine falls back to padded torch matmuls

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import httpx
 
+from batchproof.common.wire import DONE, SSEReader
+
 WORDS = "compiler parser token lattice harbor winter garden signal river market orbit lantern".split()
 
 
@@ -52,13 +54,15 @@ async def one_request(client: httpx.AsyncClient, url: str, rng: random.Random, p
     async with client.stream("POST", url, json=body) as reply:
         if reply.status_code != 200:
             return f"http {reply.status_code}"
+        reader = SSEReader()
         async for line in reply.aiter_lines():
-            if not line.startswith("data: "):
+            event = reader.feed(line)
+            if event is None:
                 continue
-            if line == "data: [DONE]":
+            if event[1] == DONE:
                 done = True
                 break
-            chunk = json.loads(line[6:])
+            chunk = json.loads(event[1])
             if "error" in chunk:
                 return "error event"
             chunks += 1
@@ -140,7 +144,8 @@ def main() -> int:
     print(f"soak: {args.clients} clients for {elapsed:.0f} s: {total} requests: {tally}")
     print(f"free slots before/after: {metric(before, 'batchproof_free_slots'):.0f} / "
           f"{metric(after, 'batchproof_free_slots'):.0f}; running after: "
-          f"{metric(after, 'batchproof_running_requests'):.0f}; queue after: {metric(after, 'batchproof_queue_depth'):.0f}")
+          f"{metric(after, 'batchproof_running_requests'):.0f}; "
+          f"queue after: {metric(after, 'batchproof_queue_depth'):.0f}")
     print(f"resident memory after warm-up / after soak: {rss_before:.0f} MB / {rss_after:.0f} MB")
     leaked = (metric(after, "batchproof_free_slots") != metric(before, "batchproof_free_slots")
               or metric(after, "batchproof_running_requests") != 0 or rss_after > rss_before * 1.1)

@@ -1,11 +1,6 @@
 """Shared fixtures: one engine on the real default model for the whole session."""
 
-import sys
-from pathlib import Path
-
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))  # test helpers (live_server, tiny_gguf) import by name
 
 
 @pytest.fixture(scope="session")
@@ -14,8 +9,8 @@ def engine():
 
     Shared: tests must leave it idle (every request finished or aborted).
     """
-    from batchproof.config import EngineConfig
-    from batchproof.engine import Engine
+    from batchproof.engine.config import EngineConfig
+    from batchproof.engine.engine import Engine
 
     return Engine(EngineConfig(device="cpu"))
 
@@ -23,7 +18,7 @@ def engine():
 @pytest.fixture(scope="module")
 def server(engine, tmp_path_factory):
     """A live server (uvicorn on loopback) around the shared engine, with a batch log file."""
-    from live_server import live_server
+    from tests.helpers.live_server import live_server
 
     log_file = tmp_path_factory.mktemp("server") / "batch.log"
     with live_server(engine, log_file=log_file) as live:

@@ -10,12 +10,12 @@ import sys
 
 # name -> (module, one-line help). Each module has add_arguments(parser) and run(args) -> int.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "generate": ("batchproof.generate_cmd", "generate one chat reply with logprobs"),
-    "serve": ("batchproof.serve_cmd", "serve the OpenAI-compatible API"),
-    "bench": ("batchproof.bench", "measure load, prefill and decode speed"),
-    "probe": ("batchproof.probe", "measure a server's batch parity and write a witness"),
-    "check": ("batchproof.check", "judge a witness against the serving-shape contract"),
-    "witness": ("batchproof.witness_cmd", "serve, probe and check in one command"),
+    "generate": ("batchproof.commands.generate", "generate one chat reply with logprobs"),
+    "serve": ("batchproof.commands.serve", "serve the OpenAI-compatible API"),
+    "bench": ("batchproof.commands.bench", "measure load, prefill and decode speed"),
+    "probe": ("batchproof.commands.probe", "measure a server's batch parity and write a witness"),
+    "check": ("batchproof.commands.check", "judge a witness against the serving-shape contract"),
+    "witness": ("batchproof.commands.witness", "serve, probe and check in one command"),
 }
 
 

@@ -1,0 +1,176 @@
+"""The shape check's rules: a pure function from a typed witness and a contract to reasons."""
+
+import json
+import string
+
+from batchproof.check.contract import BlessedModel, Contract
+from batchproof.check.witness import IDENTITY_KEYS
+
+_ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
+
+
+def _ascii_lower(text: str) -> str:
+    # str.lower() folds non-ASCII letters too; the contract's prefixes are ASCII-blind only.
+    return text.translate(_ASCII_LOWER)
+
+
+def _blank(value: str | None) -> bool:
+    return value is None or not value.strip()
+
+
+def _near_tie(margin: float, contract: Contract) -> bool:
+    return 0 <= margin < contract.near_tie_eps
+
+
+def _copies(bands: list[dict], c: int) -> list[dict]:
+    return [band for band in bands if band["c"] == c]
+
+
+def _sha_matches(model: BlessedModel, sha256: str) -> bool:
+    return model.sha256 is None or model.sha256.lower() == sha256.strip().lower()
+
+
+def model_reasons(model: dict | None, contract: Contract) -> list[str]:
+    """S1: a blessed model, named by its sha256 (the contract's, when it gives one)."""
+    path = (model or {}).get("path") or ""
+    sha256 = (model or {}).get("sha256")
+    matches = [m for m in contract.blessed_models if _ascii_lower(path).startswith(_ascii_lower(m.prefix))]
+    reasons = []
+    if not matches:
+        prefixes = ", ".join(m.prefix for m in contract.blessed_models)
+        reasons.append(f"S1: model {json.dumps(path)} does not start with a blessed prefix ({prefixes})")
+    if _blank(sha256):
+        reasons.append("S1: model sha256 missing")
+    elif matches and not any(_sha_matches(m, sha256) for m in matches):
+        wanted = " or ".join(str(m.sha256) for m in matches)
+        reasons.append(f"S1: model sha256 {sha256} is not the blessed {wanted}")
+    return reasons
+
+
+def identity_reasons(witness: dict) -> list[str]:
+    """S4: a witness says what was measured, where, from which build and prompt."""
+    return [f"S4: identity field {key} missing" for key in IDENTITY_KEYS if _blank(witness.get(key))]
+
+
+def agreement_reason(band: dict, contract: Contract) -> str | None:
+    """S5: agreement with m=1 to the band's own declared_min, or a recorded near-tie."""
+    c, declared_min, at = band["c"], band["declared_min"], band["divergence_at"]
+    if declared_min is None:
+        return f"S5: c={c} declared_min not recorded, so agreement with m=1 cannot be checked"
+    if at is None:
+        # A band that did not PASS already has its S6 reason; only a PASS must carry the index.
+        if band["result"] == "PASS":
+            return f"S5: c={c} divergence_at not recorded on a PASS band, so agreement with m=1 is unmeasured"
+        return None
+    if at >= declared_min:
+        return None
+    margin = band["top2_margin_at_divergence"]
+    if margin is None:
+        return (
+            f"S5: c={c} diverges from m=1 at {at} < declared_min {declared_min} "
+            "with no top-2 margin recorded"
+        )
+    if _near_tie(margin, contract):
+        return None
+    return (
+        f"S5: c={c} diverges from m=1 at {at} < declared_min {declared_min}; its top-2 margin "
+        f"{margin!r} is not a near-tie (needs 0 <= margin < {contract.near_tie_eps!r})"
+    )
+
+
+def copy_reasons(band: dict, contract: Contract) -> list[str]:
+    """S6, S3, the floor and S5 for one recorded copy of a band."""
+    c, result, m_formed, declared_min = band["c"], band["result"], band["m_formed"], band["declared_min"]
+    reasons = []
+    if result is None:
+        reasons.append(f"S6: c={c} result not recorded")
+    elif result != "PASS":
+        reasons.append(f"S6: c={c} result {result} is not PASS")
+    if m_formed is None:
+        reasons.append(f"S3: c={c} m_formed not recorded (the shape is not shown)")
+    elif m_formed != c:
+        reasons.append(f"S3: c={c} m_formed {m_formed} != c (the shape was not served)")
+    if declared_min is not None and declared_min < contract.declared_min_floor:
+        reasons.append(
+            f"floor: c={c} declared_min {declared_min} is below the contract's floor "
+            f"{contract.declared_min_floor}"
+        )
+    agreement = agreement_reason(band, contract)
+    return reasons if agreement is None else [*reasons, agreement]
+
+
+def band_reasons(bands: list[dict], contract: Contract) -> list[str]:
+    """Every contract band, once, each copy checked: a FAIL copy is never masked by a PASS."""
+    reasons = []
+    for c in contract.bands:
+        copies = _copies(bands, c)
+        if not copies:
+            reasons.append(f"band c={c} not measured")
+        if len(copies) > 1:
+            reasons.append(f"band c={c} recorded {len(copies)} times; a witness has one band per c")
+        for band in copies:
+            reasons.extend(copy_reasons(band, contract))
+    return reasons
+
+
+def leans_on_near_tie(band: dict, contract: Contract) -> bool:
+    """True when S5 admits `band` only through the near-tie clause."""
+    declared_min, at = band["declared_min"], band["divergence_at"]
+    margin = band["top2_margin_at_divergence"]
+    if declared_min is None or at is None or margin is None:
+        return False
+    return at < declared_min and _near_tie(margin, contract)
+
+
+def near_tie_cap_reasons(bands: list[dict], contract: Contract) -> list[str]:
+    """The cap: c>1 bands share one batched path, so many near-ties point at the path."""
+    leaning = [
+        band
+        for c in contract.bands
+        if c > 1
+        for band in _copies(bands, c)
+        if leans_on_near_tie(band, contract)
+    ]
+    if len(leaning) <= contract.near_tie_cap:
+        return []
+    names = ", ".join(f"c={band['c']}" for band in leaning)
+    return [
+        f"near-tie cap: {len(leaning)} batched bands ({names}) are admitted only by a near-tie "
+        f"margin; the contract allows {contract.near_tie_cap}"
+    ]
+
+
+def _rate(band: dict) -> float | None:
+    rate = band["decode_tok_s"]
+    return rate if rate is not None and rate > 0 else None
+
+
+def decode_reasons(bands: list[dict], contract: Contract) -> list[str]:
+    """S7: per-request decode at c=4 keeps at least the contract's share of c=1's."""
+    ones, fours = _copies(bands, 1), _copies(bands, 4)
+    # A missing or doubled band already has its reason, and which copy to read is undefined.
+    if len(ones) != 1 or len(fours) != 1:
+        return []
+    d1, d4 = _rate(ones[0]), _rate(fours[0])
+    unmeasured = [name for name, rate in (("c=1", d1), ("c=4", d4)) if rate is None]
+    if unmeasured:
+        return [f"S7 unmeasured at {' and '.join(unmeasured)} (no positive decode_tok_s)"]
+    ratio = contract.decode_ratio_c4_over_c1
+    if d4 >= ratio * d1:
+        return []
+    return [
+        f"S7: decode at c=4 is {d4!r} tok/s, {100 * d4 / d1:.1f}% of c=1's {d1!r} tok/s; "
+        f"the contract needs at least {100 * ratio:g}%"
+    ]
+
+
+def judge(witness: dict, contract: Contract) -> list[str]:
+    """Every reason the typed `witness` is not admissible under `contract`, in the spec's order."""
+    bands = witness["bands"]
+    return [
+        *model_reasons(witness["model"], contract),
+        *identity_reasons(witness),
+        *band_reasons(bands, contract),
+        *near_tie_cap_reasons(bands, contract),
+        *decode_reasons(bands, contract),
+    ]

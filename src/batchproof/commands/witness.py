@@ -1,0 +1,98 @@
+"""`batchproof witness`: serve the default model, probe it, check the witness, in one command."""
+
+import argparse
+import json
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import types
+from pathlib import Path
+
+from batchproof.commands import check as check_verb
+from batchproof.commands import probe as probe_verb
+
+DEFAULT_OUT = Path("witness.json")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"the witness file [default: {DEFAULT_OUT}]")
+    parser.add_argument("--model", type=Path, help="GGUF file (default: the packaged SmolLM2-135M-Instruct)")
+    parser.add_argument("--ladder", help="concurrencies to probe (default: the matrix's, 1,4,8,16)")
+    parser.add_argument("--contract", type=Path, help="contract for the check (default: the shipped one)")
+    parser.add_argument("--serve-arg", action="append", default=[], help="extra flag for `batchproof serve`")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_healthy(url: str, process: subprocess.Popen, log: Path) -> dict:
+    import httpx
+
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"batchproof serve exited with {process.returncode}; see {log}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return httpx.get(f"{url}/v1/server_info", timeout=10).json()
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"batchproof serve was not healthy within 180 s; see {log}")
+
+
+def _run_verb(verb: types.ModuleType, argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog=f"batchproof {verb.__name__.rsplit('.', 1)[-1]}")
+    verb.add_arguments(parser)
+    return verb.run(parser.parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    from batchproof.server.info import build_sha256, git_commit
+
+    workdir = Path(tempfile.mkdtemp(prefix="batchproof-witness-"))
+    server_log, stderr_log = workdir / "batch.log", workdir / "serve.log"
+    port = _free_port()
+    command = [sys.executable, "-m", "batchproof", "serve", "--port", str(port), "--log-file", str(server_log),
+               *args.serve_arg]
+    if args.model:
+        command += ["--model", str(args.model)]
+    url = f"http://127.0.0.1:{port}"
+    print(f"witness: starting {' '.join(command[2:])}", file=sys.stderr)
+    with stderr_log.open("wb") as err:
+        process = subprocess.Popen(command, stdout=err, stderr=subprocess.STDOUT)
+    try:
+        info = _wait_healthy(url, process, stderr_log)
+        # The server reports the build it runs; it must be the one this command would vouch for.
+        if info.get("build_sha256") != build_sha256():
+            print(f"witness: the server reports build {info.get('build_sha256')}, not ours ({build_sha256()})",
+                  file=sys.stderr)
+            return 1
+        probe = ["--url", url, "--server-log", str(server_log), "--witness", str(args.out),
+                 "--model-file", info["model_path"], "--binary-sha256", info["build_sha256"],
+                 "--host", info["host"]]
+        commit = info.get("git_commit") or git_commit()
+        if commit:
+            probe += ["--commit", commit]
+        if args.ladder:
+            probe += ["--ladder", args.ladder]
+        probe_code = _run_verb(probe_verb, probe)
+    except RuntimeError as e:
+        print(f"witness: {e}", file=sys.stderr)
+        return 1
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    if not args.out.is_file():
+        print(f"witness: the probe wrote no witness (exit {probe_code})", file=sys.stderr)
+        return probe_code or 1
+    check = [str(args.out)] + (["--contract", str(args.contract)] if args.contract else [])
+    code = _run_verb(check_verb, check)
+    verdict = json.loads(args.out.read_text()).get("result")
+    print(f"witness: probe {verdict}, witness at {args.out}")
+    return code

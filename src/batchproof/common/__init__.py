@@ -1,0 +1,1 @@
+"""What the server, the probe and the check share; the standard library only (no torch, no numpy)."""

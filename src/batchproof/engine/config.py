@@ -1,0 +1,52 @@
+"""The engine's settings: what shapes the numbers (no torch here, so the CLI builds flags from it)."""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from batchproof.common.config import require
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What shapes the numbers: the model, the device, the batch and its invariance."""
+
+    model_path: Path | None = field(
+        default=None, metadata={"help": "GGUF file to serve (default: the packaged SmolLM2-135M-Instruct)"}
+    )
+    device: str = field(default="auto", metadata={"help": "cpu, cuda, cuda:N or auto"})
+    dtype: Literal["float32", "bfloat16", "float16"] = field(
+        default="float32", metadata={"help": "compute dtype of weights and activations"}
+    )
+    max_batch: int = field(default=16, metadata={"help": "most sequences decoded together"})
+    batch_window_ms: float = field(
+        default=20.0, metadata={"help": "how long an idle engine waits for more arrivals before it starts"}
+    )
+    max_model_len: int | None = field(
+        default=None, metadata={"help": "context per sequence (default: the model's, at most 8192)"}
+    )
+    is_batch_invariant: bool = field(
+        default=True,
+        metadata={"help": "bitwise the same tokens and logprobs at any batch size (off: faster torch path)"},
+    )
+    num_threads: int | None = field(default=None, metadata={"help": "CPU threads (default: all cores)"})
+    max_prefill_tokens: int = field(
+        default=2048, metadata={"help": "prompt tokens prefilled in one step before decoding resumes"}
+    )
+
+    def __post_init__(self) -> None:
+        require(self.max_batch >= 1, f"max_batch must be >= 1, got {self.max_batch}")
+        require(self.batch_window_ms >= 0, f"batch_window_ms must be >= 0, got {self.batch_window_ms}")
+        require(
+            self.max_model_len is None or self.max_model_len >= 16,
+            f"max_model_len must be >= 16, got {self.max_model_len}",
+        )
+        require(
+            self.num_threads is None or self.num_threads >= 1,
+            f"num_threads must be >= 1, got {self.num_threads}",
+        )
+        require(self.max_prefill_tokens >= 1, f"max_prefill_tokens must be >= 1, got {self.max_prefill_tokens}")
+        require(
+            self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
+            f"device must be cpu, cuda, cuda:N or auto, got {self.device!r}",
+        )

@@ -1,0 +1,206 @@
+"""The engine: owns the model and the KV cache, and advances every live request one token per step."""
+
+import os
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from batchproof.common.hashing import file_sha256
+from batchproof.engine.chat_template import ChatTemplate
+from batchproof.engine.config import EngineConfig
+from batchproof.engine.kv_cache import KVCache
+from batchproof.engine.model.default_model import default_model_path
+from batchproof.engine.model.gguf_file import ModelLoadError, ModelSpec, read_model_file
+from batchproof.engine.model.ops import choose_ops
+from batchproof.engine.model.transformer import Transformer
+from batchproof.engine.outputs import OutputProcessor
+from batchproof.engine.runner import ModelRunner
+from batchproof.engine.sampling_params import SamplingParams
+from batchproof.engine.scheduler import Scheduler
+from batchproof.engine.sequence import RequestOutput, Sequence, Status
+from batchproof.engine.text_stream import TextStream
+from batchproof.engine.tokenizer import Tokenizer
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DEFAULT_MAX_MODEL_LEN = 8192
+
+
+@dataclass
+class BatchSummary:
+    """One busy period of the engine, from the first admission until it went idle."""
+
+    max_batch_size: int  # the most sequences decoded together in one step
+    duration_s: float
+    num_tokens: int
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+class Engine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.dtype = DTYPES[config.dtype]
+        self.num_threads = config.num_threads or os.cpu_count() or 1
+        torch.set_num_threads(self.num_threads)
+        if self.device.type == "cuda":  # TF32 would round float32 matmuls to 10-bit mantissas
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
+        started = time.perf_counter()
+        self.model_path = Path(config.model_path) if config.model_path else default_model_path()
+        model_file = read_model_file(self.model_path)
+        self.spec: ModelSpec = model_file.spec
+        try:
+            self.tokenizer = Tokenizer(model_file.metadata)
+        except (ValueError, KeyError) as e:
+            raise ModelLoadError(f"{self.model_path}: unusable tokenizer ({e})") from None
+        self.chat_template = ChatTemplate(
+            model_file.metadata.get("tokenizer.chat_template"),
+            bos_token=self._spelling(self.tokenizer.ids.bos_id),
+            eos_token=self._spelling(self.tokenizer.ids.eos_id),
+        )
+        self.max_model_len = min(config.max_model_len or DEFAULT_MAX_MODEL_LEN, self.spec.context_len)
+        with torch.inference_mode():
+            ops = choose_ops(self.device, self.dtype, config.is_batch_invariant, self.num_threads)
+            self.model = Transformer.from_model_file(model_file, self.device, self.dtype, self.max_model_len, ops)
+        del model_file
+        s = self.spec
+        self.cache = KVCache(s.num_layers, config.max_batch, s.num_kv_heads, self.max_model_len, s.head_dim,
+                             self.device, self.dtype)
+        self.runner = ModelRunner(self.model, self.cache, config.max_batch, config.max_prefill_tokens)
+        self.scheduler = Scheduler(config.max_batch, config.max_prefill_tokens)
+        self.end_ids = self.tokenizer.ids.end_of_turn_ids
+        self.model_sha256 = file_sha256(self.model_path)
+        self.load_time_s = time.perf_counter() - started
+        self._sequences: dict[str, Sequence] = {}
+        self._batch_start: float | None = None
+        self._batch_max = 0
+        self.outputs = OutputProcessor(self._sequences, self.end_ids, self.max_model_len,
+                                       self.model.ops.normalizer_and_top_k)
+
+    def _spelling(self, token_id: int | None) -> str:
+        return "" if token_id is None else self.tokenizer.spelling(token_id)
+
+    # --- requests --------------------------------------------------------------------
+
+    def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Queue a request; a ValueError names what cannot run (the server checks these first)."""
+        self._check_request(request_id, prompt_ids, params)
+        if params.seed is not None:
+            generator = torch.Generator().manual_seed(params.seed)
+        elif not params.is_greedy:
+            generator = torch.Generator().manual_seed(secrets.randbits(63))
+        else:
+            generator = None
+        seq = Sequence(request_id, list(prompt_ids), params, TextStream(self.tokenizer, params.stop), generator)
+        self._sequences[request_id] = seq
+        self.scheduler.add(seq)
+
+    def _check_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
+        vocab = self.tokenizer.vocab_size
+        if request_id in self._sequences:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        if not prompt_ids:
+            raise ValueError("the prompt is empty (0 tokens)")
+        room = self.max_model_len - (1 if params.max_tokens > 0 else 0)
+        if len(prompt_ids) > room:
+            raise ValueError(f"the prompt has {len(prompt_ids)} tokens; the context holds {self.max_model_len}")
+        bad = [i for i in (*prompt_ids, *params.logit_bias) if not 0 <= i < vocab]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
+
+    def abort(self, request_id: str) -> None:
+        seq = self._sequences.get(request_id)
+        if seq is not None and seq.status is not Status.FINISHED:
+            seq.is_aborted = True
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    # --- the step ----------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def step(self) -> list[RequestOutput]:
+        scheduled = self.scheduler.schedule()
+        outputs = self.outputs.retired(scheduled.retired)
+        seqs = scheduled.prefill or scheduled.decode
+        if seqs:
+            self._note_batch(len(scheduled.decode))
+            logits, prompt_records = self._forward(scheduled.prefill, scheduled.decode)
+            outputs += self.outputs.process(seqs, logits, prompt_records)
+        return outputs
+
+    def _forward(self, prefill: list[Sequence], decode: list[Sequence]) -> tuple[torch.Tensor, list]:
+        """Logits [len(seqs), V] for the next token of each scheduled sequence."""
+        if not prefill:
+            return self.runner.decode(decode), [None] * len(decode)
+        results = self.runner.prefill(prefill)
+        return torch.stack([logits for logits, _ in results]), [records for _, records in results]
+
+    # --- batch accounting --------------------------------------------------------------
+
+    def _note_batch(self, num_decoding: int) -> None:
+        """m counts sequences decoded together: a step that only prefills (a burst of
+        max_tokens 1 requests) starts a busy period but batches nobody's decode."""
+        if self._batch_start is None:
+            self._batch_start = time.perf_counter()
+        self._batch_max = max(self._batch_max, num_decoding)
+
+    def take_batch_summary(self) -> BatchSummary | None:
+        """Once the engine is idle: the busy period that just ended (then forgotten)."""
+        if self.has_work() or self._batch_start is None:
+            return None
+        summary = BatchSummary(self._batch_max, time.perf_counter() - self._batch_start,
+                               self.outputs.take_num_tokens())
+        self._batch_start, self._batch_max = None, 0
+        return summary
+
+    # --- conveniences for the CLI and tests ---------------------------------------------
+
+    def chat_prompt_ids(self, messages: list[dict]) -> list[int]:
+        text = self.chat_template.render(messages, add_generation_prompt=True)
+        return self.tokenizer.encode(text, add_bos=self.tokenizer.ids.add_bos)
+
+    def generate(self, requests: dict[str, tuple[list[int], SamplingParams]]) -> dict[str, list[RequestOutput]]:
+        """Run requests to completion together; every delta each one produced, in order."""
+        for request_id, (prompt_ids, params) in requests.items():
+            self.add_request(request_id, prompt_ids, params)
+        deltas: dict[str, list[RequestOutput]] = {request_id: [] for request_id in requests}
+        while self.has_work():
+            for out in self.step():
+                deltas[out.request_id].append(out)
+        self.take_batch_summary()
+        return deltas
+
+    def info(self) -> dict:
+        """Everything that shapes the numbers, for /v1/server_info and bench reports."""
+        return {
+            "model_path": str(self.model_path),
+            "model_sha256": self.model_sha256,
+            "architecture": self.spec.arch,
+            "device": str(self.device),
+            "dtype": self.config.dtype,
+            "max_batch": self.config.max_batch,
+            "batch_window_ms": self.config.batch_window_ms,
+            "max_model_len": self.max_model_len,
+            "max_prefill_tokens": self.config.max_prefill_tokens,
+            "batch_invariant": self.config.is_batch_invariant,
+            "decode_path": self.model.ops.decode_path,
+            "num_threads": self.num_threads,
+            "torch_version": torch.__version__,
+        }

@@ -1,0 +1,18 @@
+"""The arithmetic the model and the logprobs run on, chosen once at load."""
+
+import torch
+
+from batchproof.engine.model.ops import kernels
+from batchproof.engine.model.ops.base import HeadLayout, Ops, RopeTables
+from batchproof.engine.model.ops.kernel_ops import KernelOps
+from batchproof.engine.model.ops.torch_ops import TorchOps
+
+__all__ = ["HeadLayout", "KernelOps", "Ops", "RopeTables", "TorchOps", "choose_ops"]
+
+
+def choose_ops(device: torch.device, dtype: torch.dtype, is_batch_invariant: bool, num_threads: int) -> Ops:
+    """Invariant: our fixed-order kernels where they apply (float32 on CPU, built), else
+    torch padded to a fixed row count. Not invariant: plain torch, rows as they come."""
+    if is_batch_invariant and kernels.available() and device.type == "cpu" and dtype == torch.float32:
+        return KernelOps(num_threads)
+    return TorchOps(padded=is_batch_invariant)

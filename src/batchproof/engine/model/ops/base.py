@@ -1,0 +1,61 @@
+"""What the forward pass and the logprobs run on: one `Ops` object, chosen once at load.
+
+Two implementations sit side by side: `KernelOps` (our compiled fixed-order kernels,
+float32 on CPU) and `TorchOps` (torch, padded to a fixed row count when invariance is
+asked for). The model never asks which one it has.
+"""
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from batchproof.engine.kv_cache import KVCache
+from batchproof.engine.logprobs import Normalizer, TopK
+
+
+@dataclass(frozen=True)
+class HeadLayout:
+    """How a fused QKV row splits into heads, and how RoPE turns them."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_dim: int
+    rope_style: str  # "adjacent" pairs (0,1), (2,3)...; else pairs (i, i + rope_dim / 2)
+    norm_eps: float
+
+
+@dataclass(frozen=True)
+class RopeTables:
+    cos: torch.Tensor  # [max_len, rope_dim / 2]
+    sin: torch.Tensor
+
+
+class Ops(Protocol):
+    decode_path: str  # in words, for /v1/server_info
+    batches_prefill: bool  # several prompts may share a prefill call without changing a bit
+
+    def decode_rows(self, num_seqs: int, max_batch: int) -> int:
+        """How many rows a decode step of num_seqs sequences runs (the rest is padding)."""
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor: ...
+
+    def linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None,
+               residual: torch.Tensor | None = None) -> torch.Tensor:
+        """x @ w^T (+ b), plus `residual` when given (which may be updated in place)."""
+
+    def qkv_heads(self, qkv: torch.Tensor, layout: HeadLayout, positions: torch.Tensor, rope: RopeTables,
+                  q_norm: torch.Tensor | None, k_norm: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+        """qkv [n, q_dim + 2 kv_dim] -> q [n, heads, hd], k and v [n, kv_heads, hd], q/k
+        normalised per head when the model has the norms (qwen3), RoPE applied."""
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """[rows, 2 * ffn] ([gate | up]) -> silu(gate) * up."""
+
+    def decode_attention(self, q: torch.Tensor, cache: KVCache, layer: int, slots: torch.Tensor,
+                         lengths: torch.Tensor, scale: float) -> torch.Tensor:
+        """q [B, heads, hd], one query per sequence over its own cached keys -> [B, heads, hd]."""
+
+    def normalizer_and_top_k(self, logits: torch.Tensor, k: int) -> tuple[Normalizer, TopK]:
+        """Each row's log-softmax normaliser and its best k, each row on its own fixed-order sums."""

@@ -1,0 +1,53 @@
+"""The compiled backend: our fixed-order C kernels (float32, CPU). Every output element is
+one sum over K in a fixed order on one thread, so no row's bits depend on the row count
+or on the other rows; prompts can therefore share a prefill call and decode steps need
+no padding."""
+
+import torch
+
+from batchproof.engine.kv_cache import KVCache
+from batchproof.engine.logprobs import Normalizer, TopK
+from batchproof.engine.model.ops import kernels, torch_ops
+from batchproof.engine.model.ops.base import HeadLayout, RopeTables
+
+
+class KernelOps:
+    batches_prefill = True
+
+    def __init__(self, num_threads: int) -> None:
+        self.num_threads = num_threads
+        self.decode_path = f"{kernels.kernel_name()} kernels, one fixed-order sum per output (batch-invariant)"
+
+    def decode_rows(self, num_seqs: int, max_batch: int) -> int:
+        return num_seqs
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return kernels.rms_norm(x, weight, eps)
+
+    def linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None,
+               residual: torch.Tensor | None = None) -> torch.Tensor:
+        return kernels.linear(x, w, b, self.num_threads, residual)
+
+    def qkv_heads(self, qkv: torch.Tensor, layout: HeadLayout, positions: torch.Tensor, rope: RopeTables,
+                  q_norm: torch.Tensor | None, k_norm: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+        if q_norm is not None:  # qwen3 normalises Q/K per head before RoPE: the torch formulas
+            return torch_ops.qkv_heads(qkv, layout, positions, rope, q_norm, k_norm)
+        # Q's heads then K's heads open each row: rotate them all in place, in one call.
+        kernels.rope_(qkv, layout.num_heads + layout.num_kv_heads, layout.head_dim, layout.rope_dim, positions,
+                      rope.cos, rope.sin, layout.rope_style)
+        return torch_ops.split_heads(qkv, layout)
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        return kernels.silu_mul(gate_up)
+
+    def decode_attention(self, q: torch.Tensor, cache: KVCache, layer: int, slots: torch.Tensor,
+                         lengths: torch.Tensor, scale: float) -> torch.Tensor:
+        return kernels.decode_attention(q, cache.k[layer], cache.v[layer], slots, lengths, scale, self.num_threads)
+
+    def normalizer_and_top_k(self, logits: torch.Tensor, k: int) -> tuple[Normalizer, TopK]:
+        """Both in one pass over each row (0.17 ms a step at top 20, against 0.8 in torch)."""
+        logits = logits.float()
+        k = max(0, min(k, logits.shape[-1]))
+        ids, values, row_max, log_total, counts = kernels.top_k_logprobs(logits, k)
+        norm = Normalizer.from_parts(logits, row_max[:, None], log_total[:, None])
+        return norm, TopK(ids, values, norm.logprobs(ids), counts)

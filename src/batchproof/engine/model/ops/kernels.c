@@ -1,0 +1,496 @@
+/* Batch-invariant CPU kernels for float32 decode: matmul, attention, and the small
+ * per-row pieces (norm, rotary embedding) around them.
+ *
+ * Why hand-written: BLAS libraries pick a different kernel, blocking and thread split
+ * for each row count, so a row's sum depends on how many rows share the call (MKL here
+ * changes results between 1, 2, 3 and 4 rows). In these kernels every output element
+ * is one vector accumulator walking K in order, reduced across lanes in one fixed
+ * sequence, computed by one thread; the row count, the row's position, the other rows
+ * and the thread count only decide which register or thread does the work, never the
+ * arithmetic.
+ *
+ * Why an extension module that uses no Python API: the functions are called through
+ * ctypes (kernels.py), but building them as `batchproof.engine.model.ops._kernels` lets
+ * setuptools compile them with the system's C compiler at `pip install` and put the
+ * shared library where importlib finds it, with no build system of our own. The empty
+ * module below exists only so the file is a valid extension; a missing compiler leaves
+ * the module out (optional=True) and the engine falls back to padded torch.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#include <Python.h>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define BP_X86 1
+#endif
+
+#define MT 4 /* rows of x per tile */
+#define NT 4 /* rows of w (outputs) per tile */
+
+/* ---------------- linear: y[m, n] (+)= sum_k x[m, k] * w[n, k] (+ b[n]) ---------------- */
+
+/* One tile: mt rows of x against nt rows of w. The body is inlined with constant mt, nt
+ * for full tiles (so the accumulators stay in registers) and with variable ones for the
+ * edges; either way each output's terms are added in the same order. The next tile's
+ * weights are prefetched into L2 while this one computes. */
+#ifdef BP_X86
+static inline __attribute__((always_inline, target("avx512f")))
+void tile_avx512_body(const float *x, const float *w, float *y, int64_t K, int64_t N, const int mt, const int nt,
+                      const float *next_w) {
+    __m512 acc[MT][NT];
+    for (int i = 0; i < mt; i++)
+        for (int j = 0; j < nt; j++) acc[i][j] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+        __m512 wv[NT];
+        for (int j = 0; j < nt; j++) {
+            wv[j] = _mm512_loadu_ps(w + j * K + k);
+            _mm_prefetch((const char *)(next_w + j * K + k), _MM_HINT_T1);
+        }
+        for (int i = 0; i < mt; i++) {
+            __m512 xv = _mm512_loadu_ps(x + i * K + k);
+            for (int j = 0; j < nt; j++) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+        }
+    }
+    if (k < K) {
+        __mmask16 mask = (__mmask16)((1u << (K - k)) - 1u);
+        __m512 wv[NT];
+        for (int j = 0; j < nt; j++) wv[j] = _mm512_maskz_loadu_ps(mask, w + j * K + k);
+        for (int i = 0; i < mt; i++) {
+            __m512 xv = _mm512_maskz_loadu_ps(mask, x + i * K + k);
+            for (int j = 0; j < nt; j++) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+        }
+    }
+    for (int i = 0; i < mt; i++)
+        for (int j = 0; j < nt; j++) y[i * N + j] = _mm512_reduce_add_ps(acc[i][j]);
+}
+
+__attribute__((target("avx512f")))
+static void tile_avx512(const float *x, const float *w, float *y, int64_t K, int64_t N, int mt, int nt,
+                        const float *next_w) {
+    if (nt == NT) {
+        switch (mt) {
+        case 4: tile_avx512_body(x, w, y, K, N, 4, NT, next_w); return;
+        case 3: tile_avx512_body(x, w, y, K, N, 3, NT, next_w); return;
+        case 2: tile_avx512_body(x, w, y, K, N, 2, NT, next_w); return;
+        case 1: tile_avx512_body(x, w, y, K, N, 1, NT, next_w); return;
+        }
+    }
+    tile_avx512_body(x, w, y, K, N, mt, nt, next_w);
+}
+
+__attribute__((target("avx2,fma")))
+static float hsum_avx2(__m256 v) {
+    /* one fixed order: (lo + hi) halves, then pairs, then the last two */
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+
+static inline __attribute__((always_inline, target("avx2,fma")))
+void tile_avx2_body(const float *x, const float *w, float *y, int64_t K, int64_t N, const int mt, const int nt,
+                    const float *next_w) {
+    __m256 acc[MT][NT];
+    for (int i = 0; i < mt; i++)
+        for (int j = 0; j < nt; j++) acc[i][j] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8) {
+        __m256 wv[NT];
+        for (int j = 0; j < nt; j++) {
+            wv[j] = _mm256_loadu_ps(w + j * K + k);
+            _mm_prefetch((const char *)(next_w + j * K + k), _MM_HINT_T1);
+        }
+        for (int i = 0; i < mt; i++) {
+            __m256 xv = _mm256_loadu_ps(x + i * K + k);
+            for (int j = 0; j < nt; j++) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
+        }
+    }
+    if (k < K) {
+        int32_t lanes[8];
+        for (int l = 0; l < 8; l++) lanes[l] = (k + l < K) ? -1 : 0;
+        __m256i mask = _mm256_loadu_si256((const __m256i *)lanes);
+        __m256 wv[NT];
+        for (int j = 0; j < nt; j++) wv[j] = _mm256_maskload_ps(w + j * K + k, mask);
+        for (int i = 0; i < mt; i++) {
+            __m256 xv = _mm256_maskload_ps(x + i * K + k, mask);
+            for (int j = 0; j < nt; j++) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
+        }
+    }
+    for (int i = 0; i < mt; i++)
+        for (int j = 0; j < nt; j++) y[i * N + j] = hsum_avx2(acc[i][j]);
+}
+
+__attribute__((target("avx2,fma")))
+static void tile_avx2(const float *x, const float *w, float *y, int64_t K, int64_t N, int mt, int nt,
+                      const float *next_w) {
+    if (nt == NT) {
+        switch (mt) {
+        case 4: tile_avx2_body(x, w, y, K, N, 4, NT, next_w); return;
+        case 3: tile_avx2_body(x, w, y, K, N, 3, NT, next_w); return;
+        case 2: tile_avx2_body(x, w, y, K, N, 2, NT, next_w); return;
+        case 1: tile_avx2_body(x, w, y, K, N, 1, NT, next_w); return;
+        }
+    }
+    tile_avx2_body(x, w, y, K, N, mt, nt, next_w);
+}
+#endif
+
+/* Portable path: 8 interleaved partial sums per output, combined in a fixed order
+ * (built with -ffp-contract=off, so no compiler decides to fuse some of them). */
+static void tile_scalar(const float *x, const float *w, float *y, int64_t K, int64_t N, int mt, int nt,
+                        const float *next_w) {
+    (void)next_w;
+    for (int i = 0; i < mt; i++)
+        for (int j = 0; j < nt; j++) {
+            float part[8] = {0};
+            for (int64_t k = 0; k < K; k++) part[k & 7] += x[i * K + k] * w[j * K + k];
+            y[i * N + j] = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+        }
+}
+
+typedef void (*tile_fn)(const float *, const float *, float *, int64_t, int64_t, int, int, const float *);
+
+static int isa_cap = 2; /* lowered by tests, to run the AVX2 and portable paths here too */
+
+static int isa_level(void) {
+    int level = 0;
+#ifdef BP_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) level = 2;
+    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) level = 1;
+#endif
+    return level < isa_cap ? level : isa_cap;
+}
+
+void bp_cap_isa_level(int cap) { isa_cap = cap; }
+
+static tile_fn pick_tile(void) {
+#ifdef BP_X86
+    switch (isa_level()) {
+    case 2: return tile_avx512;
+    case 1: return tile_avx2;
+    }
+#endif
+    return tile_scalar;
+}
+
+/* 2: AVX-512, 1: AVX2+FMA, 0: portable. Results are invariant within one level. */
+int bp_isa_level(void) { return isa_level(); }
+
+/* y = x @ w^T (+ b), or with accumulate, y += x @ w^T (+ b): the residual add done as
+ * the output is written, one rounding per add as in torch's `y + linear(x)`. */
+void bp_linear_f32(const float *x, const float *w, const float *b, float *y, int64_t M, int64_t N, int64_t K,
+                   int accumulate, int num_threads) {
+    tile_fn tile = pick_tile();
+    int64_t num_tiles = (N + NT - 1) / NT;
+    /* Threads split outputs, never K: each output is summed by exactly one thread. */
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t t = 0; t < num_tiles; t++) {
+        int64_t n = t * NT;
+        int nt = (int)(N - n < NT ? N - n : NT);
+        const float *next_w = w + (t + 1 < num_tiles ? n + NT : n) * K;
+        float sums[MT * NT];
+        for (int64_t m = 0; m < M; m += MT) {
+            int mt = (int)(M - m < MT ? M - m : MT);
+            tile(x + m * K, w + n * K, sums, K, NT, mt, nt, m == 0 ? next_w : w + n * K);
+            for (int i = 0; i < mt; i++)
+                for (int j = 0; j < nt; j++) {
+                    float value = sums[i * NT + j];
+                    if (b) value += b[n + j];
+                    float *out = y + (m + i) * N + n + j;
+                    *out = accumulate ? *out + value : value;
+                }
+        }
+    }
+}
+
+/* ---------------- small per-row pieces: norm and rotary embedding ---------------- */
+
+/* y[r] = x[r] * (1 / sqrt(mean(x[r]^2) + eps)) * w, the sum of squares in 8 fixed
+ * interleaved partial sums. */
+void bp_rms_norm_f32(const float *x, const float *w, float *y, int64_t rows, int64_t dim, float eps) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * dim;
+        float part[8] = {0};
+        for (int64_t d = 0; d < dim; d++) part[d & 7] += xr[d] * xr[d];
+        float total = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+        float scale = 1.0f / sqrtf(total / (float)dim + eps);
+        for (int64_t d = 0; d < dim; d++) y[r * dim + d] = (xr[d] * scale) * w[d];
+    }
+}
+
+/* In place on the first `heads` heads of each row (row_stride floats apart): rotate pairs
+ * by position. style 0: pairs (2i, 2i+1) as llama GGUFs store Q/K; 1: pairs (i, i + half). */
+void bp_rope_f32(float *x, int64_t rows, int64_t row_stride, int64_t heads, int64_t head_dim, int64_t rope_dim,
+                 const int64_t *positions, const float *cos_table, const float *sin_table, int style) {
+    int64_t half = rope_dim / 2;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *c = cos_table + positions[r] * half, *s = sin_table + positions[r] * half;
+        for (int64_t h = 0; h < heads; h++) {
+            float *v = x + r * row_stride + h * head_dim;
+            for (int64_t i = 0; i < half; i++) {
+                int64_t ia = style == 0 ? 2 * i : i, ib = style == 0 ? 2 * i + 1 : i + half;
+                float a = v[ia], b = v[ib];
+                v[ia] = a * c[i] - b * s[i];
+                v[ib] = style == 0 ? a * s[i] + b * c[i] : b * c[i] + a * s[i];
+            }
+        }
+    }
+}
+
+/* silu(gate) * up for each row of [gate | up]. torch would run the tail of a range in
+ * scalar code (glibc expf) and the rest in vector code (another exp), so an element's
+ * bits would depend on where the row count puts the range ends; here every element goes
+ * through the same code: one exp polynomial (Cephes' expf), masked at the end of a row. */
+#define EXP_HI 88.3762626647949f
+#define EXP_LO -88.3762626647949f
+#define LOG2E 1.44269504088896341f
+#define LN2_HI 0.693359375f
+#define LN2_LO -2.12194440e-4f
+
+static float exp_poly(float x) {
+    x = x > EXP_HI ? EXP_HI : (x < EXP_LO ? EXP_LO : x);
+    float n = nearbyintf(x * LOG2E);
+    float r = (x - n * LN2_HI) - n * LN2_LO;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = (p * (r * r) + r) + 1.0f;
+    return ldexpf(p, (int)n);
+}
+
+static void silu_mul_scalar(const float *g, const float *u, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = (g[i] / (1.0f + exp_poly(-g[i]))) * u[i];
+}
+
+#ifdef BP_X86
+__attribute__((target("avx512f")))
+static __m512 exp_poly_avx512(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(EXP_LO)), _mm512_set1_ps(EXP_HI));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_sub_ps(_mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(LN2_HI))),
+                             _mm512_mul_ps(n, _mm512_set1_ps(LN2_LO)));
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(p, _mm512_mul_ps(r, r)), r), _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+__attribute__((target("avx512f")))
+static void silu_mul_avx512(const float *g, const float *u, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 mask = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1u);
+        __m512 gv = _mm512_maskz_loadu_ps(mask, g + i), uv = _mm512_maskz_loadu_ps(mask, u + i);
+        __m512 e = exp_poly_avx512(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+        __m512 s = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+        _mm512_mask_storeu_ps(y + i, mask, _mm512_mul_ps(s, uv));
+    }
+}
+#endif
+
+void bp_silu_mul_f32(const float *gate_up, float *y, int64_t rows, int64_t ffn) {
+    void (*row_fn)(const float *, const float *, float *, int64_t) = silu_mul_scalar;
+#ifdef BP_X86
+    if (isa_level() == 2) row_fn = silu_mul_avx512;
+#endif
+    for (int64_t r = 0; r < rows; r++) row_fn(gate_up + r * 2 * ffn, gate_up + r * 2 * ffn + ffn, y + r * ffn, ffn);
+}
+
+/* ---------------- logprobs: each row's normaliser and top k, in one pass ---------------- */
+
+/* Per row of [B, V] logits: the best k ids (NaN never ranked; ties to the lower id, since
+ * ids are visited in order and only a strictly better value displaces a kept one), and
+ * (max, log_total) with logprob = (term - shift) - log_total, shift the max (0 if it is
+ * not finite), term the logit, or for a row holding +inf: 0 for its +inf entries and
+ * -inf for the rest. The sum of
+ * exp(term - shift) runs in one fixed order per row (16 lanes, one fixed reduction). */
+static double row_exp_sum(const float *x, int64_t V, float shift, int has_inf);
+
+#ifdef BP_X86
+__attribute__((target("avx512f")))
+static double row_exp_sum_avx512(const float *x, int64_t V, float shift) {
+    __m512 acc = _mm512_setzero_ps(), s = _mm512_set1_ps(shift), ninf = _mm512_set1_ps(-INFINITY);
+    for (int64_t i = 0; i < V; i += 16) {
+        __mmask16 mask = V - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (V - i)) - 1u);
+        __m512 v = _mm512_mask_loadu_ps(ninf, mask, x + i);
+        /* NaN and -inf add nothing */
+        __mmask16 live = _mm512_cmp_ps_mask(v, ninf, _CMP_GT_OQ) & mask;
+        __m512 e = exp_poly_avx512(_mm512_sub_ps(v, s));
+        acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(live, e));
+    }
+    return (double)_mm512_reduce_add_ps(acc);
+}
+#endif
+
+static double row_exp_sum(const float *x, int64_t V, float shift, int has_inf) {
+    if (has_inf) {  /* only the +inf entries carry mass, one each */
+        double n = 0;
+        for (int64_t i = 0; i < V; i++) n += x[i] == INFINITY;
+        return n;
+    }
+#ifdef BP_X86
+    if (isa_level() == 2) return row_exp_sum_avx512(x, V, shift);
+#endif
+    float part[8] = {0};
+    for (int64_t i = 0; i < V; i++)
+        if (x[i] > -INFINITY) part[i & 7] += exp_poly(x[i] - shift);
+    return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+}
+
+void bp_top_k_logprobs_f32(const float *logits, int64_t B, int64_t V, int64_t k, int64_t *ids, float *values,
+                           float *row_max, float *log_total, int64_t *counts) {
+    for (int64_t b = 0; b < B; b++) {
+        const float *x = logits + b * V;
+        int64_t *row_ids = ids + b * k;
+        float *row_values = values + b * k;
+        int64_t kept = 0, finite_or_inf = 0;
+        float best = -INFINITY;
+        for (int64_t i = 0; i < V; i++) {
+            float v = x[i];
+            if (v != v) continue; /* NaN */
+            finite_or_inf++;
+            if (v > best) best = v;
+            if (k == 0 || (kept == k && !(v > row_values[k - 1]))) continue;
+            int64_t j = kept < k ? kept++ : k - 1; /* insert v, keeping the list best first */
+            while (j > 0 && v > row_values[j - 1]) {
+                row_values[j] = row_values[j - 1];
+                row_ids[j] = row_ids[j - 1];
+                j--;
+            }
+            row_values[j] = v;
+            row_ids[j] = i;
+        }
+        counts[b] = kept;
+        for (int64_t j = kept; j < k; j++) {
+            row_ids[j] = 0;
+            row_values[j] = NAN;
+        }
+        int has_inf = best == INFINITY;
+        float row_shift = has_inf || !(best > -INFINITY) ? 0.0f : best;
+        row_max[b] = best;
+        log_total[b] = finite_or_inf ? logf((float)row_exp_sum(x, V, row_shift, has_inf)) : -INFINITY;
+    }
+}
+
+/* ---------------- decode attention, one sequence at a time ---------------- */
+
+/* One query head against its sequence's L keys: softmax(q.k * scale) @ v, every sum in
+ * position order. scores has room for L floats. */
+static void attend_scalar(const float *q, const float *keys, const float *values, float *o, float *scores,
+                          int64_t L, int64_t D, float scale) {
+    float max_score = -INFINITY;
+    for (int64_t j = 0; j < L; j++) {
+        float part[8] = {0};
+        for (int64_t d = 0; d < D; d++) part[d & 7] += q[d] * keys[j * D + d];
+        scores[j] = (((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]))) * scale;
+        if (scores[j] > max_score) max_score = scores[j];
+    }
+    float total = 0.0f;
+    for (int64_t j = 0; j < L; j++) {
+        scores[j] = expf(scores[j] - max_score);
+        total += scores[j];
+    }
+    for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
+    for (int64_t j = 0; j < L; j++)
+        for (int64_t d = 0; d < D; d++) o[d] += scores[j] * values[j * D + d];
+    float inv = 1.0f / total;
+    for (int64_t d = 0; d < D; d++) o[d] *= inv;
+}
+
+#ifdef BP_X86
+__attribute__((target("avx512f")))
+static void attend_avx512(const float *q, const float *keys, const float *values, float *o, float *scores,
+                          int64_t L, int64_t D, float scale) {
+    if (D % 16 != 0) {
+        attend_scalar(q, keys, values, o, scores, L, D, scale);
+        return;
+    }
+    float max_score = -INFINITY;
+    for (int64_t j = 0; j < L; j++) {
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t d = 0; d < D; d += 16)
+            acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), _mm512_loadu_ps(keys + j * D + d), acc);
+        scores[j] = _mm512_reduce_add_ps(acc) * scale;
+        if (scores[j] > max_score) max_score = scores[j];
+    }
+    float total = 0.0f;
+    for (int64_t j = 0; j < L; j++) {
+        scores[j] = expf(scores[j] - max_score);
+        total += scores[j];
+    }
+    for (int64_t d = 0; d < D; d += 16) {
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t j = 0; j < L; j++)
+            acc = _mm512_fmadd_ps(_mm512_set1_ps(scores[j]), _mm512_loadu_ps(values + j * D + d), acc);
+        _mm512_storeu_ps(o + d, _mm512_mul_ps(acc, _mm512_set1_ps(1.0f / total)));
+    }
+}
+
+__attribute__((target("avx2,fma")))
+static void attend_avx2(const float *q, const float *keys, const float *values, float *o, float *scores,
+                        int64_t L, int64_t D, float scale) {
+    if (D % 8 != 0) {
+        attend_scalar(q, keys, values, o, scores, L, D, scale);
+        return;
+    }
+    float max_score = -INFINITY;
+    for (int64_t j = 0; j < L; j++) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t d = 0; d < D; d += 8)
+            acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(keys + j * D + d), acc);
+        scores[j] = hsum_avx2(acc) * scale;
+        if (scores[j] > max_score) max_score = scores[j];
+    }
+    float total = 0.0f;
+    for (int64_t j = 0; j < L; j++) {
+        scores[j] = expf(scores[j] - max_score);
+        total += scores[j];
+    }
+    for (int64_t d = 0; d < D; d += 8) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t j = 0; j < L; j++)
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(scores[j]), _mm256_loadu_ps(values + j * D + d), acc);
+        _mm256_storeu_ps(o + d, _mm256_mul_ps(acc, _mm256_set1_ps(1.0f / total)));
+    }
+}
+#endif
+
+typedef void (*attend_fn)(const float *, const float *, const float *, float *, float *, int64_t, int64_t, float);
+
+/* q: [B, H, D]; caches: [slots, KVH, max_len, D] for one layer; out: [B, H, D].
+ * Row b attends to positions 0..lengths[b]-1 of slot slots[b]: only its own keys, in
+ * order, so its result never depends on the other rows. */
+void bp_decode_attention_f32(const float *q, const float *k_cache, const float *v_cache, float *out,
+                             const int64_t *slots, const int64_t *lengths, int64_t B, int64_t H, int64_t KVH,
+                             int64_t D, int64_t max_len, float scale, int num_threads) {
+    attend_fn attend = attend_scalar;
+#ifdef BP_X86
+    switch (isa_level()) {
+    case 2: attend = attend_avx512; break;
+    case 1: attend = attend_avx2; break;
+    }
+#endif
+    int64_t group = H / KVH;
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t bh = 0; bh < B * H; bh++) {
+        int64_t b = bh / H, h = bh % H, L = lengths[b];
+        int64_t base = (slots[b] * KVH + h / group) * max_len * D;
+        float *scores = (float *)PyMem_RawMalloc((size_t)L * sizeof(float));
+        attend(q + bh * D, k_cache + base, v_cache + base, out + bh * D, scores, L, D, scale);
+        PyMem_RawFree(scores);
+    }
+}
+
+/* Importable as a module too, so setuptools can build it; all use goes through ctypes. */
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels", "batch-invariant CPU kernels", -1, NULL};
+PyMODINIT_FUNC PyInit__kernels(void) { return PyModule_Create(&module); }

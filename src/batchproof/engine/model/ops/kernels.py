@@ -1,0 +1,137 @@
+"""ctypes bindings to the batch-invariant CPU kernels in kernels.c, with torch checks."""
+
+import ctypes
+import importlib.util
+from functools import cache
+
+import torch
+
+ISA_NAMES = {2: "avx512", 1: "avx2", 0: "portable"}
+
+
+@cache
+def _library() -> ctypes.CDLL | None:
+    spec = importlib.util.find_spec("batchproof.engine.model.ops._kernels")
+    if spec is None or spec.origin is None:
+        return None
+    lib = ctypes.CDLL(spec.origin)
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.bp_linear_f32.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, ctypes.c_int, ctypes.c_int]
+    lib.bp_linear_f32.restype = None
+    lib.bp_rms_norm_f32.argtypes = [ptr, ptr, ptr, i64, i64, ctypes.c_float]
+    lib.bp_rms_norm_f32.restype = None
+    lib.bp_rope_f32.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr, ptr, ctypes.c_int]
+    lib.bp_rope_f32.restype = None
+    lib.bp_top_k_logprobs_f32.argtypes = [ptr, i64, i64, i64, ptr, ptr, ptr, ptr, ptr]
+    lib.bp_top_k_logprobs_f32.restype = None
+    lib.bp_silu_mul_f32.argtypes = [ptr, ptr, i64, i64]
+    lib.bp_silu_mul_f32.restype = None
+    lib.bp_decode_attention_f32.argtypes = [ptr] * 6 + [i64] * 5 + [ctypes.c_float, ctypes.c_int]
+    lib.bp_decode_attention_f32.restype = None
+    lib.bp_isa_level.restype = ctypes.c_int
+    lib.bp_cap_isa_level.argtypes = [ctypes.c_int]
+    lib.bp_cap_isa_level.restype = None
+    return lib
+
+
+def available() -> bool:
+    return _library() is not None
+
+
+def kernel_name() -> str | None:
+    lib = _library()
+    return None if lib is None else f"batchproof-{ISA_NAMES[lib.bp_isa_level()]}"
+
+
+def isa_level() -> int:
+    """2: AVX-512, 1: AVX2 + FMA, 0: portable C."""
+    return _library().bp_isa_level()
+
+
+def cap_isa_level(cap: int) -> None:
+    """Use at most this instruction set from now on (tests run every path on one machine)."""
+    _library().bp_cap_isa_level(cap)
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, num_threads: int,
+           residual: torch.Tensor | None = None) -> torch.Tensor:
+    """x: [M, K] @ w[N, K]^T (+ b[N]) -> [M, N]; each output summed in a fixed order.
+
+    With `residual` ([M, N], contiguous), the product is added into it in place and it is
+    returned: `residual + linear(x)` without a second pass over memory.
+    """
+    lib = _library()
+    assert lib is not None and x.dtype == w.dtype == torch.float32 and x.device.type == "cpu"
+    x = x.contiguous()
+    m, k = x.shape
+    n = w.shape[0]
+    assert w.shape[1] == k and w.is_contiguous() and (b is None or b.is_contiguous())
+    if residual is None:
+        y = torch.empty(m, n, dtype=torch.float32)
+    else:
+        assert residual.shape == (m, n) and residual.is_contiguous() and residual.dtype == torch.float32
+        y = residual
+    lib.bp_linear_f32(_ptr(x), _ptr(w), _ptr(b), _ptr(y), m, n, k, int(residual is not None), num_threads)
+    return y
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """[rows, dim] -> [rows, dim], each row normalised on its own."""
+    x = x.contiguous()
+    y = torch.empty_like(x)
+    _library().bp_rms_norm_f32(_ptr(x), _ptr(weight), _ptr(y), x.shape[0], x.shape[1], eps)
+    return y
+
+
+def rope_(rows: torch.Tensor, num_heads: int, head_dim: int, rope_dim: int, positions: torch.Tensor,
+          cos: torch.Tensor, sin: torch.Tensor, style: str) -> None:
+    """Rotate the first num_heads heads of each row of a contiguous [n, width] tensor, in place."""
+    assert rows.is_contiguous() and cos.is_contiguous() and sin.is_contiguous()
+    positions = positions.to(torch.int64).contiguous()
+    _library().bp_rope_f32(_ptr(rows), rows.shape[0], rows.shape[1], num_heads, head_dim, rope_dim,
+                           _ptr(positions), _ptr(cos), _ptr(sin), 0 if style == "adjacent" else 1)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """[rows, 2 * ffn] ([gate | up]) -> silu(gate) * up, [rows, ffn], every element by the same code."""
+    gate_up = gate_up.contiguous()
+    rows, width = gate_up.shape
+    y = torch.empty(rows, width // 2, dtype=torch.float32)
+    _library().bp_silu_mul_f32(_ptr(gate_up), _ptr(y), rows, width // 2)
+    return y
+
+
+def top_k_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, ...]:
+    """[B, V] -> (ids [B, k], logits [B, k], row max [B], log_total [B], counts [B]): each
+    row's best k (NaN never, ties to the lower id) and its normaliser, in one pass."""
+    logits = logits.contiguous()
+    b, v = logits.shape
+    ids = torch.empty(b, k, dtype=torch.int64)
+    values = torch.empty(b, k, dtype=torch.float32)
+    row_max, log_total = torch.empty(b, dtype=torch.float32), torch.empty(b, dtype=torch.float32)
+    counts = torch.empty(b, dtype=torch.int64)
+    _library().bp_top_k_logprobs_f32(_ptr(logits), b, v, k, _ptr(ids), _ptr(values), _ptr(row_max),
+                                     _ptr(log_total), _ptr(counts))
+    return ids, values, row_max, log_total, counts
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+                     lengths: torch.Tensor, scale: float, num_threads: int) -> torch.Tensor:
+    """q: [B, H, D]; k_cache, v_cache: [slots, KVH, max_len, D] of one layer -> [B, H, D]."""
+    lib = _library()
+    assert lib is not None and k_cache.is_contiguous() and v_cache.is_contiguous()
+    q = q.contiguous()
+    b, h, d = q.shape
+    kvh, max_len = k_cache.shape[1], k_cache.shape[2]
+    slots = slots.to(torch.int64).contiguous()
+    lengths = lengths.to(torch.int64).contiguous()
+    out = torch.empty_like(q)
+    lib.bp_decode_attention_f32(
+        _ptr(q), _ptr(k_cache), _ptr(v_cache), _ptr(out), _ptr(slots), _ptr(lengths),
+        b, h, kvh, d, max_len, scale, num_threads,
+    )
+    return out

@@ -1,0 +1,174 @@
+"""The transformer forward pass: llama / qwen2 / qwen3, read top to bottom like the architecture."""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from batchproof.engine.kv_cache import KVCache
+from batchproof.engine.model.gguf_file import ModelFile, ModelSpec
+from batchproof.engine.model.ops import HeadLayout, Ops, RopeTables
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Consecutive prompt tokens of one sequence: positions start.. in the cache slot `slot`."""
+
+    token_ids: torch.Tensor  # [n]
+    start: int
+    slot: int
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: torch.Tensor  # [dim]
+    wqkv: torch.Tensor  # [q_dim + 2 * kv_dim, dim]
+    bqkv: torch.Tensor | None  # [q_dim + 2 * kv_dim] (qwen2)
+    q_norm: torch.Tensor | None  # [head_dim] (qwen3)
+    k_norm: torch.Tensor | None
+    wo: torch.Tensor  # [dim, q_dim]
+    ffn_norm: torch.Tensor  # [dim]
+    w_gate_up: torch.Tensor  # [2 * ffn_dim, dim]
+    w_down: torch.Tensor  # [dim, ffn_dim]
+
+
+def rope_tables(spec: ModelSpec, max_len: int, freq_factors: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin: [max_len, rope_dim / 2], computed as Hugging Face computes them (float32)."""
+    exponents = torch.arange(0, spec.rope_dim, 2, dtype=torch.int64).float() / spec.rope_dim
+    inv_freq = 1.0 / (spec.rope_base**exponents)
+    if freq_factors is not None:  # Llama 3.x long-context scaling, stored per frequency
+        inv_freq = inv_freq / freq_factors.float()
+    angles = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+class Transformer:
+    def __init__(self, spec: ModelSpec, layers: list[LayerWeights], embed: torch.Tensor, final_norm: torch.Tensor,
+                 lm_head: torch.Tensor, rope_freqs: torch.Tensor | None, max_len: int, ops: Ops) -> None:
+        self.spec = spec
+        self.ops = ops  # the arithmetic, chosen once at load (ops/__init__.py)
+        self.layers = layers
+        self.embed = embed  # [vocab, dim]
+        self.final_norm = final_norm
+        self.lm_head = lm_head  # [vocab, dim]; the same tensor as embed when tied
+        cos, sin = rope_tables(spec, max_len, rope_freqs)
+        self.rope = RopeTables(cos.to(embed.device), sin.to(embed.device))
+        self.heads = HeadLayout(spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.rope_dim, spec.rope_style,
+                                spec.norm_eps)
+        self.q_dim = spec.num_heads * spec.head_dim
+        self.kv_dim = spec.num_kv_heads * spec.head_dim
+        self.scale = 1.0 / math.sqrt(spec.head_dim)
+
+    @classmethod
+    def from_model_file(cls, model_file: ModelFile, device: torch.device, dtype: torch.dtype, max_len: int,
+                        ops: Ops) -> "Transformer":
+        t = model_file.tensors
+
+        def get(name: str) -> torch.Tensor:
+            return torch.from_numpy(t[name]).to(device=device, dtype=dtype)
+
+        def maybe(name: str) -> torch.Tensor | None:
+            return get(name) if name in t else None
+
+        layers = []
+        for i in range(model_file.spec.num_layers):
+            p = f"layers.{i}."
+            biases = [maybe(p + b) for b in ("bq", "bk", "bv")]
+            layers.append(LayerWeights(
+                attn_norm=get(p + "attn_norm"),
+                wqkv=torch.cat([get(p + "wq"), get(p + "wk"), get(p + "wv")]),
+                bqkv=torch.cat(biases) if all(b is not None for b in biases) else None,
+                q_norm=maybe(p + "q_norm"),
+                k_norm=maybe(p + "k_norm"),
+                wo=get(p + "wo"),
+                ffn_norm=get(p + "ffn_norm"),
+                w_gate_up=torch.cat([get(p + "w_gate"), get(p + "w_up")]),
+                w_down=get(p + "w_down"),
+            ))
+        embed = get("embed")
+        lm_head = get("lm_head") if "lm_head" in t else embed
+        rope_freqs = torch.from_numpy(t["rope_freqs"]) if "rope_freqs" in t else None
+        return cls(model_file.spec, layers, embed, get("final_norm"), lm_head, rope_freqs, max_len, ops)
+
+    # --- pieces shared by prefill and decode -------------------------------------------
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return self.ops.rms_norm(x, weight, self.spec.norm_eps)
+
+    def _qkv(self, layer: LayerWeights, h: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """h: [n, dim] -> q [n, heads, hd], k and v [n, kv_heads, hd], RoPE applied."""
+        qkv = self.ops.linear(h, layer.wqkv, layer.bqkv)  # [n, q_dim + 2 kv_dim]
+        return self.ops.qkv_heads(qkv, self.heads, positions, self.rope, layer.q_norm, layer.k_norm)
+
+    def _mlp(self, layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:
+        h = self._norm(x, layer.ffn_norm)
+        gate_up = self.ops.linear(h, layer.w_gate_up)  # [n, 2 * ffn_dim]
+        return self.ops.linear(self.ops.silu_mul(gate_up), layer.w_down, residual=x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [n, dim] after the final norm -> [n, vocab] float32 logits."""
+        return self.ops.linear(hidden, self.lm_head).float()
+
+    # --- prefill: prompt chunks of one or more sequences ------------------------------
+
+    def prefill(self, segments: list[Segment], cache: KVCache) -> torch.Tensor:
+        """Prompt chunks -> final hidden states [total tokens, dim], segment after segment.
+
+        Matmuls run over every segment's rows at once; attention runs per segment, causal,
+        over that sequence's own cache region.
+        """
+        device = self.embed.device
+        token_ids = torch.cat([seg.token_ids for seg in segments])
+        positions = torch.cat([torch.arange(seg.start, seg.start + len(seg.token_ids), device=device)
+                               for seg in segments])
+        bounds = torch.tensor([0, *(len(seg.token_ids) for seg in segments)]).cumsum(0).tolist()
+        x = self.embed[token_ids]  # [n, dim]
+        for i, layer in enumerate(self.layers):
+            h = self._norm(x, layer.attn_norm)
+            q, k, v = self._qkv(layer, h, positions)
+            attn = torch.cat([self._prefill_attention(i, seg, q[a:b], k[a:b], v[a:b], cache)
+                              for seg, a, b in zip(segments, bounds, bounds[1:])])
+            x = self.ops.linear(attn, layer.wo, residual=x)
+            x = self._mlp(layer, x)
+        return self._norm(x, self.final_norm)
+
+    def _prefill_attention(self, layer: int, seg: Segment, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           cache: KVCache) -> torch.Tensor:
+        """q: [n, heads, hd], k and v: [n, kv_heads, hd] of one segment -> [n, q_dim]."""
+        n, start = q.shape[0], seg.start
+        cache.write_prompt(layer, seg.slot, start, k.transpose(0, 1), v.transpose(0, 1))
+        keys, values = cache.view(layer, seg.slot, start + n)  # [kv_heads, start + n, hd]
+        mask = None
+        if start > 0:  # a later chunk also sees every earlier position
+            key_pos = torch.arange(start + n, device=q.device)
+            mask = key_pos[None, :] <= torch.arange(start, start + n, device=q.device)[:, None]
+        attn = F.scaled_dot_product_attention(
+            q.transpose(0, 1)[None], keys[None], values[None],
+            attn_mask=mask, is_causal=mask is None, scale=self.scale, enable_gqa=True,
+        )  # [1, heads, n, hd]
+        return attn[0].transpose(0, 1).flatten(1)
+
+    # --- decode: one new token for each of several sequences ------------------------
+
+    def decode(self, token_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+               num_real: int, cache: KVCache) -> torch.Tensor:
+        """token_ids, positions, slots: [rows], of which the first num_real are sequences and
+        the rest padding -> final hidden states [rows, dim].
+
+        Matmuls run over all rows; attention runs per sequence over that sequence's own
+        keys, so no row's arithmetic depends on how many others share the step.
+        """
+        x = self.embed[token_ids]  # [rows, dim]
+        real_slots, real_pos = slots[:num_real], positions[:num_real]
+        lengths = real_pos + 1
+        for i, layer in enumerate(self.layers):
+            h = self._norm(x, layer.attn_norm)
+            q, k, v = self._qkv(layer, h, positions)
+            cache.write_step(i, real_slots, real_pos, k[:num_real], v[:num_real])
+            attn = self.ops.decode_attention(q[:num_real], cache, i, real_slots, lengths, self.scale).flatten(1)
+            if num_real < x.shape[0]:  # padding rows attend to nothing
+                attn = torch.cat([attn, attn.new_zeros(x.shape[0] - num_real, self.q_dim)])
+            x = self.ops.linear(attn, layer.wo, residual=x)
+            x = self._mlp(layer, x)
+        return self._norm(x, self.final_norm)

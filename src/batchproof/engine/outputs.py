@@ -1,0 +1,137 @@
+"""After the forward pass: choose each row's token, record its logprobs, advance or finish
+its sequence, and say what it produced. Pure bookkeeping over the step's logits."""
+
+from dataclasses import dataclass
+
+import torch
+
+from batchproof.engine.logprobs import NormalizerAndTopK, TokenRecord, build_records
+from batchproof.engine.sampler import SamplingError, apply_penalties, banned_for_step, choose_token, greedy_tokens
+from batchproof.engine.sequence import RequestOutput, Sequence, Status
+from batchproof.engine.text_stream import TextDelta
+
+
+@dataclass
+class _Choice:
+    token_id: int | None
+    record: TokenRecord | None
+    error: str | None = None
+
+
+class OutputProcessor:
+    """Turns one step's logits into tokens, records and RequestOutputs; finished sequences
+    leave `sequences` (the engine's table of live requests)."""
+
+    def __init__(self, sequences: dict[str, Sequence], end_ids: frozenset[int], max_model_len: int,
+                 records_backend: NormalizerAndTopK) -> None:
+        self.sequences = sequences
+        self.end_ids = end_ids
+        self.max_model_len = max_model_len
+        self.records_backend = records_backend  # the engine's ops: kernel or torch, chosen at load
+        self.num_tokens = 0  # tokens appended since the last take_num_tokens()
+
+    def process(self, seqs: list[Sequence], logits: torch.Tensor, prompt_records: list) -> list[RequestOutput]:
+        """logits [len(seqs), V]: the next token of each scheduled sequence."""
+        return self._emit(seqs, self._sample_and_record(seqs, logits), prompt_records)
+
+    def take_num_tokens(self) -> int:
+        n, self.num_tokens = self.num_tokens, 0
+        return n
+
+    def _sample_and_record(self, seqs: list[Sequence], logits: torch.Tensor) -> list[_Choice]:
+        rows = [apply_penalties(logits[i], s.params, s.seen_ids, s.output_counts) for i, s in enumerate(seqs)]
+        choices = self._choose(seqs, rows)
+        # Records read the same logits the choice read, after it: asking for them changes nothing.
+        wanted = [i for i, (s, c) in enumerate(zip(seqs, choices)) if s.wants_records and c.token_id is not None]
+        if wanted:
+            records = build_records(
+                torch.stack([rows[i] for i in wanted]),
+                [choices[i].token_id for i in wanted],
+                [seqs[i].params.top_logprobs for i in wanted],
+                [len(seqs[i].output_ids) for i in wanted],
+                self.records_backend,
+            )
+            for i, record in zip(wanted, records):
+                if record.logprob != record.logprob:  # NaN: the normaliser saw no finite logit
+                    choices[i] = _Choice(None, None, f"step {record.step}: logprobs are not finite")
+                else:
+                    choices[i].record = record
+        return choices
+
+    def _choose(self, seqs: list[Sequence], rows: list[torch.Tensor]) -> list[_Choice]:
+        choices: list[_Choice] = []
+        banned = [banned_for_step(s.params, self.end_ids, len(s.output_ids)) for s in seqs]
+        # Greedy rows (the common case) are chosen in one pass; sampled ones one by one.
+        plain = [i for i, s in enumerate(seqs) if s.params.is_greedy and s.params.max_tokens]
+        greedy = {}
+        if plain:
+            picks = greedy_tokens(torch.stack([rows[i] for i in plain]), [banned[i] for i in plain])
+            greedy = dict(zip(plain, picks))
+        for i, (seq, row) in enumerate(zip(seqs, rows)):
+            step = len(seq.output_ids)
+            if seq.params.max_tokens == 0:  # prompt scoring only
+                choices.append(_Choice(None, None))
+            elif i in greedy:
+                token_id = greedy[i]
+                choices.append(_Choice(token_id, None, None if token_id is not None else
+                                       f"step {step}: no token can be chosen: every logit is NaN, -inf or banned"))
+            else:
+                try:
+                    choices.append(_Choice(choose_token(row, seq.params, banned[i], seq.generator), None))
+                except (SamplingError, RuntimeError) as e:  # this request fails; the batch goes on
+                    choices.append(_Choice(None, None, f"step {step}: {e}"))
+        return choices
+
+    def _emit(self, seqs: list[Sequence], choices: list[_Choice], prompt_records: list) -> list[RequestOutput]:
+        outputs = []
+        for seq, choice, scored in zip(seqs, choices, prompt_records):
+            if choice.error is not None:
+                seq.error, seq.finish_reason = choice.error, "error"
+                outputs.append(self._finish(seq, TextDelta()))
+                continue
+            if choice.token_id is None:  # max_tokens == 0
+                seq.finish_reason = "length"
+                out = self._finish(seq, TextDelta())
+            elif choice.token_id in self.end_ids:  # the end of the turn is not part of the reply
+                seq.finish_reason = "stop"
+                out = self._finish(seq, TextDelta())
+            else:
+                out = self._advance(seq, choice)
+            out.prompt_records = scored
+            outputs.append(out)
+        return outputs
+
+    def _advance(self, seq: Sequence, choice: _Choice) -> RequestOutput:
+        seq.append(choice.token_id)
+        self.num_tokens += 1
+        delta = seq.text.add(choice.token_id, choice.record)
+        if seq.text.is_stopped:
+            seq.finish_reason = "stop"
+        elif len(seq.output_ids) >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len:
+            # As vLLM counts it: prompt and reply together fill at most max_model_len positions.
+            seq.finish_reason = "length"
+        if seq.finish_reason is not None:
+            return self._finish(seq, delta)
+        return self._output(seq, delta)
+
+    def _finish(self, seq: Sequence, delta: TextDelta) -> RequestOutput:
+        tail = seq.text.finish() if seq.error is None else TextDelta()
+        seq.status = Status.FINISHED
+        del self.sequences[seq.request_id]
+        return self._output(seq, TextDelta(delta.text + tail.text, delta.records + tail.records))
+
+    def _output(self, seq: Sequence, delta: TextDelta) -> RequestOutput:
+        return RequestOutput(
+            request_id=seq.request_id, text=delta.text, records=delta.records,
+            num_prompt_tokens=len(seq.prompt_ids), num_output_tokens=len(seq.output_ids),
+            finish_reason=seq.finish_reason, error=seq.error, num_kept_tokens=seq.text.num_kept_tokens,
+        )
+
+    def retired(self, retired: list[Sequence]) -> list[RequestOutput]:
+        outputs = []
+        for seq in retired:
+            if seq.is_aborted and seq.finish_reason is None:
+                seq.finish_reason = "abort"
+                self.sequences.pop(seq.request_id, None)
+                outputs.append(self._output(seq, TextDelta()))
+        return outputs

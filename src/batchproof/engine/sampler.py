@@ -1,0 +1,86 @@
+"""Choosing the next token: penalties, bans and sampling, as pure functions of one row."""
+
+from collections import Counter
+
+import torch
+
+from batchproof.engine.sampling_params import SamplingParams
+
+NEG_INF = float("-inf")
+
+
+class SamplingError(RuntimeError):
+    """Nothing can be chosen: every logit is NaN or banned."""
+
+
+def apply_penalties(logits: torch.Tensor, params: SamplingParams, seen_ids: set[int],
+                    output_counts: Counter[int]) -> torch.Tensor:
+    """logits: [V] -> the logits the choice and the record read (a new tensor if changed).
+
+    Repetition (over prompt and output, as vLLM and transformers do), presence and
+    frequency (over the output, as OpenAI does), then logit_bias.
+    """
+    if not params.has_penalties:
+        return logits
+    logits = logits.clone()
+    if params.repetition_penalty != 1.0 and seen_ids:
+        ids = torch.tensor(sorted(seen_ids), dtype=torch.int64, device=logits.device)
+        picked = logits[ids]
+        logits[ids] = torch.where(picked > 0, picked / params.repetition_penalty, picked * params.repetition_penalty)
+    if (params.presence_penalty or params.frequency_penalty) and output_counts:
+        ids = torch.tensor(list(output_counts), dtype=torch.int64, device=logits.device)
+        counts = torch.tensor(list(output_counts.values()), dtype=logits.dtype, device=logits.device)
+        logits[ids] -= params.presence_penalty + params.frequency_penalty * counts
+    for token_id, bias in params.logit_bias.items():
+        logits[token_id] += bias
+    return logits
+
+
+def choose_token(logits: torch.Tensor, params: SamplingParams, banned_ids: frozenset[int],
+                 generator: torch.Generator | None) -> int:
+    """logits: [V] after penalties -> the chosen id. Never picks NaN or a banned id."""
+    usable = torch.where(logits.isnan(), NEG_INF, logits)
+    if banned_ids:
+        usable = usable.clone()
+        usable[torch.tensor(sorted(banned_ids), dtype=torch.int64, device=logits.device)] = NEG_INF
+    best = usable.max()
+    if best == NEG_INF:
+        raise SamplingError("no token can be chosen: every logit is NaN, -inf or banned")
+    if params.is_greedy or best == float("inf"):
+        return int(usable.argmax())  # the first maximum: ties (and +inf, which takes all the mass) to the lower id
+    return _sample(usable, params, generator)
+
+
+def greedy_tokens(logits: torch.Tensor, banned: list[frozenset[int]]) -> list[int | None]:
+    """[B, V] -> each row's first maximum among its allowed ids, as choose_token picks it
+    greedily; None for a row with nothing to choose. One pass for the whole batch."""
+    usable = torch.where(logits.isnan(), NEG_INF, logits)
+    for row, ids in enumerate(banned):
+        if ids:
+            usable[row, torch.tensor(sorted(ids), dtype=torch.int64, device=logits.device)] = NEG_INF
+    best, choice = usable.max(dim=-1)  # ties: the first (lowest) id
+    return [None if b == NEG_INF else i for b, i in zip(best.tolist(), choice.tolist())]
+
+
+def _sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
+    # The max goes first: a huge logit divided by a small temperature must not overflow.
+    scaled = (logits - logits.max()) / params.temperature
+    if 0 < params.top_k < scaled.shape[-1]:
+        kth = scaled.topk(params.top_k).values[-1]
+        scaled = torch.where(scaled < kth, NEG_INF, scaled)
+    probs = torch.softmax(scaled, dim=-1)
+    if params.top_p < 1.0:
+        sorted_probs, order = probs.sort(descending=True, stable=True)
+        mass_before = sorted_probs.cumsum(-1) - sorted_probs
+        drop = order[1:][mass_before[1:] >= params.top_p]  # the best token always stays
+        probs = probs.index_fill(0, drop, 0.0)
+    if params.min_p > 0.0:
+        probs = torch.where(probs < params.min_p * probs.max(), 0.0, probs)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def banned_for_step(params: SamplingParams, end_ids: frozenset[int], num_generated: int) -> frozenset[int]:
+    """End-of-turn ids may not be chosen under ignore_eos or before min_tokens."""
+    if params.ignore_eos or num_generated < params.min_tokens:
+        return end_ids
+    return frozenset()

@@ -1,0 +1,68 @@
+"""One request's state inside the engine, and what the engine reports about it."""
+
+import enum
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+
+from batchproof.engine.logprobs import TokenRecord
+from batchproof.engine.sampling_params import SamplingParams
+from batchproof.engine.text_stream import TextStream
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class RequestOutput:
+    """A delta: the text and records released by one step, and how the request ended."""
+
+    request_id: str
+    text: str
+    records: list[TokenRecord]
+    num_prompt_tokens: int
+    num_output_tokens: int
+    finish_reason: str | None = None  # "stop", "length", "abort" or "error"
+    error: str | None = None
+    prompt_records: list[TokenRecord | None] | None = None  # echo scoring, on the first delta
+    num_kept_tokens: int = 0  # output tokens whose bytes reach the reply (all, unless a stop string cut)
+
+
+@dataclass
+class Sequence:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    text: TextStream
+    generator: torch.Generator | None
+    arrival_time: float = field(default_factory=time.monotonic)
+    status: Status = Status.WAITING
+    slot: int | None = None
+    output_ids: list[int] = field(default_factory=list)
+    output_counts: Counter[int] = field(default_factory=Counter)
+    seen_ids: set[int] = field(default_factory=set)
+    is_aborted: bool = False
+    finish_reason: str | None = None
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        self.seen_ids = set(self.prompt_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """Positions in the KV cache once the last output token is fed back."""
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def wants_records(self) -> bool:
+        return self.params.top_logprobs is not None
+
+    def append(self, token_id: int) -> None:
+        self.output_ids.append(token_id)
+        self.output_counts[token_id] += 1
+        self.seen_ids.add(token_id)

@@ -1,0 +1,167 @@
+"""Fire one streamed chat request and read its SSE chunks into a StreamResult."""
+
+import asyncio
+import json
+import ssl
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from batchproof.common.wire import DONE, SSEReader
+from batchproof.probe.entry import Entry, EntryError, parse_entry
+from batchproof.probe.verdict import decode_rate
+
+
+class StreamError(Exception):
+    """The stream cannot be read further; the request is an error."""
+
+
+@dataclass
+class StreamResult:
+    """What one streamed request brought back, accumulated chunk by chunk."""
+
+    entries: list[Entry] = field(default_factory=list)
+    text: str = ""
+    arrivals: list[float] = field(default_factory=list)
+    completion_tokens: int | None = None
+    finish_reason: str | None = None
+    stream_mode: str | None = None
+    has_usage: bool = False
+    error: str | None = None
+    is_unreachable: bool = False
+
+    @property
+    def is_live(self) -> bool:
+        return self.stream_mode == "live"
+
+    @property
+    def decode_tok_s(self) -> float | None:
+        return decode_rate(self.is_live, self.arrivals, self.completion_tokens)
+
+    def feed(self, chunk: Any, arrival: float) -> None:
+        """Take one parsed `data:` chunk that arrived `arrival` seconds after the POST."""
+        if not isinstance(chunk, dict):
+            raise StreamError(f"chunk is not an object: {chunk!r:.80}")
+        if chunk.get("error") is not None:
+            raise StreamError(f"error event: {_message(chunk)}")
+        if self.stream_mode is None and isinstance(chunk.get("stream_mode"), str):
+            self.stream_mode = chunk["stream_mode"]
+        if isinstance(chunk.get("usage"), dict):
+            self.has_usage = True
+            tokens = chunk["usage"].get("completion_tokens")
+            is_count = isinstance(tokens, int) and not isinstance(tokens, bool)
+            self.completion_tokens = tokens if is_count else None
+        choices = chunk.get("choices")
+        if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+            self._feed_choice(choices[0], arrival)
+
+    def _feed_choice(self, choice: dict[str, Any], arrival: float) -> None:
+        delta = choice.get("delta")
+        content = delta.get("content") if isinstance(delta, dict) else None
+        if isinstance(content, str) and content:
+            self.arrivals.append(arrival)
+            self.text += content
+        # Entries may ride on any chunk (a held partial character goes out later).
+        logprobs = choice.get("logprobs")
+        raw_entries = logprobs.get("content") if isinstance(logprobs, dict) else None
+        if isinstance(raw_entries, list):
+            try:
+                self.entries.extend(parse_entry(raw) for raw in raw_entries)
+            except EntryError as err:
+                raise StreamError(f"logprob entry {len(self.entries)}: {err}") from None
+        if choice.get("finish_reason") is not None:
+            self.finish_reason = str(choice["finish_reason"])
+
+    def finish(self) -> None:
+        """The stream ended: a reply without usage or without content is an error."""
+        if self.error is not None:
+            return
+        if not self.has_usage:
+            self.error = "the stream carried no usage"
+        elif not self.arrivals:
+            self.error = "the stream carried no content"
+
+
+@dataclass(frozen=True)
+class StreamRequest:
+    url: str
+    body: dict[str, Any]
+    headers: dict[str, str]
+    timeout_s: float
+    # Shared by every stream: building a context costs ~30 ms, which would stagger a band.
+    ssl_context: ssl.SSLContext = field(default_factory=httpx.create_ssl_context)
+
+
+async def fire(request: StreamRequest) -> StreamResult:
+    """POST one streamed request on its own connection and read it to the end."""
+    result = StreamResult()
+    timeout = httpx.Timeout(request.timeout_s, connect=min(10.0, request.timeout_s))
+    # A client per request: llama.cpp's server closes a streamed connection after each
+    # reply, and c concurrent streams must not queue behind a shared pool.
+    try:
+        async with asyncio.timeout(request.timeout_s):
+            async with httpx.AsyncClient(
+                timeout=timeout, headers=request.headers, verify=request.ssl_context
+            ) as client:
+                start = time.perf_counter()
+                async with client.stream("POST", request.url, json=request.body) as response:
+                    if not response.is_success:
+                        body = (await response.aread()).decode("utf-8", "replace")
+                        result.error = f"HTTP {response.status_code}: {_body_message(body)}"
+                        return result
+                    async for chunk in _sse_chunks(response):
+                        result.feed(chunk, time.perf_counter() - start)
+    except (httpx.ConnectError, httpx.ConnectTimeout) as err:
+        result.error = f"cannot connect: {str(err) or type(err).__name__}"
+        result.is_unreachable = True
+    except StreamError as err:
+        result.error = str(err)
+    except TimeoutError:
+        result.error = f"no complete reply within {request.timeout_s:g}s"
+    except httpx.HTTPError as err:
+        result.error = f"{type(err).__name__}: {err}"
+    except Exception as err:  # any server's oddity is this request's error, not a crash
+        result.error = f"unexpected {type(err).__name__}: {err}"
+    result.finish()
+    return result
+
+
+async def _sse_chunks(response: httpx.Response) -> AsyncIterator[Any]:
+    """Each event's JSON payload, until `[DONE]` or the end of the body."""
+    reader = SSEReader()
+    async for line in response.aiter_lines():
+        event = reader.feed(line)
+        if event is not None:
+            if event[1].strip() == DONE:
+                return
+            yield _decode(event[1], event[0])
+    event = reader.finish()
+    if event is not None and event[1].strip() != DONE:
+        yield _decode(event[1], event[0])
+
+
+def _decode(payload: str, event: str) -> Any:
+    try:
+        chunk = json.loads(payload)
+    except json.JSONDecodeError:
+        raise StreamError(f"chunk is not JSON: {payload!r:.80}") from None
+    if event == "error":
+        raise StreamError(f"error event: {_message(chunk)}")
+    return chunk
+
+
+def _message(doc: Any) -> str:
+    error = doc.get("error") if isinstance(doc, dict) else None
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return error["message"]
+    return str(error if error is not None else doc)[:200]
+
+
+def _body_message(body: str) -> str:
+    try:
+        return _message(json.loads(body))
+    except json.JSONDecodeError:
+        return body.strip()[:200] or "(empty body)"

@@ -1,0 +1,125 @@
+"""The ASGI app: routes, errors, metrics, and the engine loaded in the background."""
+
+import asyncio
+import contextlib
+import secrets
+import threading
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from batchproof.engine.async_engine import AsyncEngine
+from batchproof.engine.config import EngineConfig
+from batchproof.engine.engine import Engine
+from batchproof.engine.load_errors import load_error_message
+from batchproof.server.batch_log import BatchLog
+from batchproof.server.config import ServerConfig
+from batchproof.server.errors import APIError
+from batchproof.server.metrics import RequestCounter
+from batchproof.server.openapi import install_openapi
+from batchproof.server.routes import admin, chat, completions
+from batchproof.server.state import ServerState
+
+# Probes and scrapers may call these without the API key, as with vLLM.
+OPEN_PATHS = {"/health", "/metrics"}
+
+
+class CatchAll:
+    """An unexpected exception becomes a 500 in OpenAI's envelope, and the connection lives on
+    (Starlette's own handler re-raises after answering, which drops keep-alive connections)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = False
+
+        async def tracking_send(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as error:
+            if started or scope["type"] != "http":
+                raise
+            await APIError(500, f"internal error: {type(error).__name__}: {error}",
+                           type_="server_error").response()(scope, receive, send)
+
+
+class RequireAPIKey:
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not secrets.compare_digest(given, self.expected):
+                error = APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                                 param="authorization", code="invalid_api_key")
+                await error.response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _start_engine(state: ServerState, engine: Engine | None, loop: asyncio.AbstractEventLoop) -> None:
+    """Load (unless given) and start the engine; runs off the event loop, so /health answers 503 meanwhile."""
+    try:
+        engine = engine or Engine(state.engine_config)
+    except Exception as e:
+        state.load_error = load_error_message(e) or f"{type(e).__name__}: {e}"
+        return
+    state.served_model_name = state.config.served_model_name or engine.model_path.stem
+    async_engine = AsyncEngine(engine, state.engine_config.batch_window_ms / 1000, state.batch_log)
+    async_engine.start(loop)
+    state.async_engine = async_engine
+
+
+def create_app(server_config: ServerConfig, engine_config: EngineConfig, engine: Engine | None = None) -> FastAPI:
+    """engine: an already loaded engine to serve (tests share one); else one is loaded at startup."""
+    state = ServerState(config=server_config, engine_config=engine_config)
+    state.served_model_name = server_config.served_model_name or ""
+    state.batch_log = BatchLog(state.metrics, server_config.log_file)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        loader = threading.Thread(target=_start_engine, args=(state, engine, asyncio.get_running_loop()),
+                                  name="batchproof-loader", daemon=True)
+        loader.start()
+        yield
+        loader.join()
+        if state.async_engine is not None:
+            state.async_engine.stop()
+        state.batch_log.close()
+
+    app = FastAPI(title="batchproof", version=__import__("batchproof").__version__, lifespan=lifespan)
+    app.state.server = state
+    for module in (chat, completions, admin):
+        app.include_router(module.router)
+    install_openapi(app)
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, error: APIError) -> JSONResponse:
+        return error.response()
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, error: HTTPException) -> JSONResponse:
+        message = f"{request.method} {request.url.path}: {error.detail}"
+        return APIError(error.status_code, message, code="not_found" if error.status_code == 404 else None,
+                        headers=dict(error.headers or {})).response()
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
+        return APIError(400, f"invalid request: {error.errors()[0].get('msg')}").response()
+
+    app.add_middleware(CatchAll)
+    if server_config.api_key is not None:
+        app.add_middleware(RequireAPIKey, api_key=server_config.api_key)
+    app.add_middleware(RequestCounter, metrics=state.metrics)  # outermost: counts 401s too
+    return app

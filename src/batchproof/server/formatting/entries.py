@@ -1,0 +1,58 @@
+"""Engine records in OpenAI's wire shapes: chat logprob entries, legacy logprobs, usage."""
+
+from batchproof.common.wire import wire_logprob
+from batchproof.engine.logprobs import TokenRecord
+from batchproof.engine.tokenizer import Tokenizer, incremental_utf8_decoder
+
+
+def _token(tokenizer: Tokenizer, token_id: int) -> tuple[str, list[int]]:
+    raw = tokenizer.decode_bytes(token_id)
+    return raw.decode("utf-8", errors="replace"), list(raw)
+
+
+def chat_entry(tokenizer: Tokenizer, record: TokenRecord) -> dict:
+    text, raw = _token(tokenizer, record.token_id)
+    top = []
+    for alt in record.top:
+        alt_text, alt_raw = _token(tokenizer, alt.token_id)
+        top.append({"token": alt_text, "logprob": wire_logprob(alt.logprob), "bytes": alt_raw})
+    return {"token": text, "logprob": wire_logprob(record.logprob), "bytes": raw, "top_logprobs": top}
+
+
+class TextOffsets:
+    """Where each token starts in the returned text, in characters (legacy `text_offset`).
+
+    A token that only begins a multi-byte character starts where that character will.
+    """
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._tokenizer = tokenizer
+        self._decoder = incremental_utf8_decoder()
+        self._chars = 0
+
+    def next(self, token_id: int) -> int:
+        offset = self._chars
+        self._chars += len(self._decoder.decode(self._tokenizer.decode_bytes(token_id)))
+        return offset
+
+
+def legacy_logprobs(tokenizer: Tokenizer, records: list[TokenRecord | None], token_ids: list[int],
+                    offsets: TextOffsets) -> dict:
+    """The /v1/completions shape; a None record (the first prompt token) scores as null."""
+    tokens, token_logprobs, top_logprobs, text_offset = [], [], [], []
+    for token_id, record in zip(token_ids, records):
+        tokens.append(_token(tokenizer, token_id)[0])
+        text_offset.append(offsets.next(token_id))
+        if record is None:
+            token_logprobs.append(None)
+            top_logprobs.append(None)
+            continue
+        token_logprobs.append(wire_logprob(record.logprob))
+        top_logprobs.append({_token(tokenizer, alt.token_id)[0]: wire_logprob(alt.logprob) for alt in record.top})
+    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
+            "text_offset": text_offset}
+
+
+def usage(num_prompt: int, num_completion: int) -> dict:
+    return {"prompt_tokens": num_prompt, "completion_tokens": num_completion,
+            "total_tokens": num_prompt + num_completion}

@@ -1,0 +1,97 @@
+"""The small routes: models, health, metrics, tokenize, detokenize, server_info, and 501s."""
+
+import time
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from batchproof.server.errors import APIError
+from batchproof.server.info import server_info
+from batchproof.server.protocol import DetokenizeRequest, TokenizeRequest
+from batchproof.server.state import ServerState, parse_body
+
+router = APIRouter()
+
+# OpenAI routes we do not serve: a clear 501 naming the path, never a silent 404 or a
+# 200 that lacks logprobs.
+NOT_IMPLEMENTED = ["/v1/embeddings", "/v1/responses", "/v1/moderations", "/v1/images/generations",
+                   "/v1/audio/speech", "/v1/audio/transcriptions", "/v1/edits"]
+
+
+def _state(request: Request) -> ServerState:
+    return request.app.state.server
+
+
+@router.get("/health")
+async def health(request: Request) -> Response:
+    state = _state(request)
+    if state.load_error is not None:
+        return JSONResponse({"status": "error", "error": state.load_error}, status_code=503)
+    if state.async_engine is None:
+        return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": "1"})
+    if state.async_engine.failure is not None:
+        return JSONResponse({"status": "error", "error": repr(state.async_engine.failure)}, status_code=503)
+    return JSONResponse({"status": "ok"})
+
+
+@router.get("/v1/models")
+async def models(request: Request) -> dict:
+    state = _state(request)
+    return {"object": "list", "data": [{"id": state.served_model_name, "object": "model",
+                                        "created": int(time.time()), "owned_by": "batchproof",
+                                        "max_model_len": state.engine.max_model_len}]}
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    state = _state(request)
+    if state.async_engine is not None:
+        state.metrics.queue_depth.set(state.async_engine.num_waiting)
+        state.metrics.running.set(state.async_engine.num_running)
+        state.metrics.free_slots.set(state.async_engine.num_free_slots)
+    return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+@router.post("/tokenize")
+async def tokenize(request: Request) -> dict:
+    state = _state(request)
+    req = parse_body(TokenizeRequest, await request.body())
+    engine = state.engine
+    if req.messages is not None:
+        messages = [m.for_template() for m in req.messages]
+        text = engine.chat_template.render(messages, add_generation_prompt=req.add_generation_prompt)
+    elif req.prompt is not None or req.content is not None:
+        text = req.prompt if req.prompt is not None else req.content
+    else:
+        raise APIError(400, "give 'prompt' (or 'content') or 'messages'", param="prompt")
+    tokens = engine.tokenizer.encode(text, add_bos=engine.tokenizer.ids.add_bos and req.messages is None)
+    return {"tokens": tokens, "count": len(tokens), "max_model_len": engine.max_model_len}
+
+
+@router.post("/detokenize")
+async def detokenize(request: Request) -> dict:
+    state = _state(request)
+    req = parse_body(DetokenizeRequest, await request.body())
+    vocab = state.engine.tokenizer.vocab_size
+    bad = [t for t in req.tokens if not 0 <= t < vocab]
+    if bad:
+        raise APIError(400, f"'tokens' holds id {bad[0]}, outside 0..{vocab - 1}", param="tokens")
+    return {"prompt": state.engine.tokenizer.decode(req.tokens)}
+
+
+@router.get("/v1/server_info")
+async def info(request: Request) -> dict:
+    state = _state(request)
+    settings = {"max_queue": state.config.max_queue, "request_timeout_s": state.config.request_timeout_s,
+                "api_key_required": state.config.api_key is not None}
+    return server_info(state.engine.info(), state.served_model_name, settings)
+
+
+async def not_implemented(request: Request) -> Response:
+    path = request.url.path
+    raise APIError(501, f"{request.method} {path} is not implemented by batchproof: it cannot compute logprobs "
+                        "there; use /v1/chat/completions or /v1/completions", type_="not_implemented_error")
+
+
+for _path in NOT_IMPLEMENTED:
+    router.add_api_route(_path, not_implemented, methods=["GET", "POST"], include_in_schema=False)

@@ -1,0 +1,40 @@
+"""POST /v1/chat/completions: parse, plan, submit, and format (streamed or whole)."""
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from batchproof.server.errors import APIError
+from batchproof.server.formatting.chat import ChatFormatter
+from batchproof.server.plan import Plan, check_model, plan_request
+from batchproof.server.protocol import ChatCompletionRequest
+from batchproof.server.runner import reply, submit
+from batchproof.server.state import ServerState, parse_body
+
+router = APIRouter()
+
+
+def _plan(req: ChatCompletionRequest, state: ServerState) -> Plan:
+    check_model(req.model, state.served_model_name)
+    if not req.messages:
+        raise APIError(400, "'messages' must hold at least one message, got []", param="messages")
+    if req.top_logprobs is not None and req.logprobs is not True:
+        raise APIError(400, f"'top_logprobs' ({req.top_logprobs}) requires 'logprobs' to be true, "
+                            f"got 'logprobs': {req.logprobs}", param="top_logprobs")
+    engine = state.engine
+    messages = [m.for_template() for m in req.messages]
+    prompt_ids = engine.chat_prompt_ids(messages)
+    max_tokens, name = ((req.max_completion_tokens, "max_completion_tokens") if req.max_completion_tokens is not None
+                        else (req.max_tokens, "max_tokens"))
+    top_logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    return plan_request(req, engine, prompt_ids, max_tokens, name, top_logprobs)
+
+
+@router.post("/v1/chat/completions", response_model=None)
+async def chat_completions(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    req = parse_body(ChatCompletionRequest, await request.body())
+    plan = _plan(req, state)
+    request_id, stream = submit(state, plan, "chatcmpl")
+    formatter = ChatFormatter(request_id, state.served_model_name, state.engine.tokenizer,
+                              wants_records=plan.params.top_logprobs is not None, include_usage=plan.include_usage)
+    return await reply(request, stream, state.config.request_timeout_s, bool(req.stream), formatter)

@@ -1,0 +1,148 @@
+"""Running one planned request: admission, deadline, disconnects, and failing closed."""
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from batchproof.common.wire import SSE_DONE, sse
+from batchproof.engine.async_engine import AsyncEngine
+from batchproof.engine.sequence import RequestOutput
+from batchproof.server.errors import APIError, count_mismatch
+from batchproof.server.formatting import ReplyFormatter
+from batchproof.server.metrics import Metrics
+from batchproof.server.plan import Plan
+from batchproof.server.state import ServerState
+
+QUEUE_RETRY_AFTER_S = 1
+
+
+def new_request_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def admit(engine: AsyncEngine, max_queue: int) -> None:
+    if engine.failure is not None:
+        raise APIError(503, f"the engine stopped ({type(engine.failure).__name__}: {engine.failure}); "
+                            "restart the server", type_="service_unavailable")
+    if engine.num_waiting >= max_queue:
+        raise APIError(429, f"the queue is full ({engine.num_waiting} requests waiting, max_queue={max_queue}); "
+                            "retry later", type_="rate_limit_error", headers={"Retry-After": str(QUEUE_RETRY_AFTER_S)})
+
+
+def engine_error(out: RequestOutput, timeout_s: float) -> APIError | None:
+    if out.finish_reason == "error":
+        return APIError(500, f"generation failed: {out.error}", type_="server_error")
+    if out.finish_reason == "abort":
+        return APIError(504, f"request aborted after {timeout_s:g} s", type_="timeout_error")
+    return None
+
+
+def timeout_error(timeout_s: float) -> APIError:
+    return APIError(504, f"request timed out after {timeout_s:g} s", type_="timeout_error")
+
+
+async def deltas(engine: AsyncEngine, metrics: Metrics, request_id: str, plan: Plan, timeout_s: float
+                 ) -> AsyncIterator[RequestOutput]:
+    """The request's deltas, ending with its final one; TimeoutError past the deadline."""
+    arrival = time.perf_counter()
+    last_token_time: float | None = None
+    num_tokens = 0
+    metrics.prompt_tokens.inc(len(plan.prompt_ids))
+    async with contextlib.aclosing(engine.generate(request_id, plan.prompt_ids, plan.params)) as stream:
+        async with asyncio.timeout(timeout_s):
+            async for out in stream:
+                if out.num_output_tokens > num_tokens:
+                    now = time.perf_counter()
+                    if last_token_time is None:
+                        metrics.ttft.observe(now - arrival)
+                    else:
+                        metrics.token_latency.observe((now - last_token_time) / (out.num_output_tokens - num_tokens))
+                    metrics.completion_tokens.inc(out.num_output_tokens - num_tokens)
+                    last_token_time, num_tokens = now, out.num_output_tokens
+                yield out
+
+
+CLIENT_GONE = 499  # nginx's "client closed request": logged and counted, never sent
+
+
+def submit(state: ServerState, plan: Plan, id_prefix: str) -> tuple[str, AsyncIterator[RequestOutput]]:
+    """Admit a planned request (or refuse it: 429, 503) -> its id and its stream of deltas."""
+    admit(state.async_engine, state.config.max_queue)
+    request_id = new_request_id(id_prefix)
+    return request_id, deltas(state.async_engine, state.metrics, request_id, plan, state.config.request_timeout_s)
+
+
+async def collect(request: Request, stream: AsyncIterator[RequestOutput]) -> list[RequestOutput] | None:
+    """Every delta of an unstreamed request; None if the client hung up (which aborts it)."""
+
+    async def gather() -> list[RequestOutput]:
+        async with contextlib.aclosing(stream):
+            return [out async for out in stream]
+
+    async def hang_up() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    work, watch = asyncio.create_task(gather()), asyncio.create_task(hang_up())
+    try:
+        done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (work, watch):
+            task.cancel()
+        await asyncio.gather(work, watch, return_exceptions=True)
+    if work not in done:
+        return None
+    return work.result()
+
+
+async def reply(request: Request, stream: AsyncIterator[RequestOutput], timeout_s: float, is_streamed: bool,
+                formatter: ReplyFormatter) -> Response:
+    """The response for one request: an SSE stream of its chunks, or the whole reply."""
+    if is_streamed:
+        return StreamingResponse(sse_events(stream, timeout_s, formatter), media_type="text/event-stream")
+    try:
+        outputs = await collect(request, stream)
+    except TimeoutError:
+        raise timeout_error(timeout_s) from None
+    if outputs is None:
+        return Response(status_code=CLIENT_GONE)
+    error = engine_error(outputs[-1], timeout_s)
+    if error is not None:
+        raise error
+    return JSONResponse(formatter.whole(outputs))
+
+
+async def sse_events(stream: AsyncIterator[RequestOutput], timeout_s: float,
+                     formatter: ReplyFormatter) -> AsyncIterator[bytes]:
+    """The first chunks, then one chunk per delta that carries text or the finish, then
+    usage and [DONE]; an error, a timeout or a reply whose records do not number its
+    tokens ends the stream with an error event and no [DONE]."""
+    for event in formatter.first_chunks():
+        yield sse(event)
+    num_records, last = 0, None
+    try:
+        async with contextlib.aclosing(stream):
+            async for out in stream:
+                error = engine_error(out, timeout_s)
+                if error is None and formatter.wants_records:
+                    num_records += len(out.records)
+                    if out.finish_reason is not None and num_records != out.num_kept_tokens:
+                        error = count_mismatch(num_records, out.num_kept_tokens)
+                if error is not None:
+                    yield sse(error.body())
+                    return
+                if out.text or out.finish_reason is not None:
+                    yield sse(formatter.chunk(out))
+                last = out
+    except TimeoutError:
+        yield sse(timeout_error(timeout_s).body())
+        return
+    usage_chunk = formatter.usage_chunk(last)
+    if usage_chunk is not None:
+        yield sse(usage_chunk)
+    yield SSE_DONE

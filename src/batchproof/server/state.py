@@ -1,0 +1,43 @@
+"""What the routes share: settings, the engine (once loaded), metrics; and body parsing."""
+
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from batchproof.engine.async_engine import AsyncEngine
+from batchproof.engine.config import EngineConfig
+from batchproof.server.batch_log import BatchLog
+from batchproof.server.config import ServerConfig
+from batchproof.server.engine_client import EngineClient
+from batchproof.server.errors import APIError, from_validation_error
+from batchproof.server.metrics import Metrics
+
+Model = TypeVar("Model", bound=BaseModel)
+
+
+@dataclass
+class ServerState:
+    config: ServerConfig
+    engine_config: EngineConfig
+    metrics: Metrics = field(default_factory=Metrics)
+    async_engine: AsyncEngine | None = None
+    served_model_name: str = ""
+    load_error: str | None = None
+    batch_log: BatchLog | None = None
+
+    @property
+    def engine(self) -> EngineClient:
+        if self.load_error is not None:
+            raise APIError(503, f"the model failed to load: {self.load_error}", type_="service_unavailable")
+        if self.async_engine is None:
+            raise APIError(503, "the model is still loading", type_="service_unavailable",
+                           headers={"Retry-After": "1"})
+        return self.async_engine.engine
+
+
+def parse_body(model: type[Model], body: bytes) -> Model:
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as e:
+        raise from_validation_error(e) from None

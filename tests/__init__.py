@@ -1,0 +1,1 @@
+"""batchproof's tests; their folders mirror the package."""

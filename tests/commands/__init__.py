@@ -1,0 +1,1 @@
+"""Tests of the CLI verbs, end to end."""

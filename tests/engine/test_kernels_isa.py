@@ -1,0 +1,75 @@
+"""Every instruction-set path of our kernels (AVX-512, AVX2, portable C), run on this
+machine: each agrees with a float64 reference and is batch-invariant on its own. CI or a
+user may land on any of them."""
+
+import pytest
+import torch
+
+from batchproof.engine.config import EngineConfig
+from batchproof.engine.engine import Engine
+from batchproof.engine.model.ops import kernels
+from batchproof.engine.sampling_params import SamplingParams
+from tests.helpers.tiny_gguf import TinySpec, reference_logits, write_tiny_gguf
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="the kernels are not built here")
+LEVELS = [level for level in (2, 1, 0) if kernels.available() and level <= kernels.isa_level()]
+
+
+@pytest.fixture(params=LEVELS, ids=lambda level: kernels.ISA_NAMES[level])
+def isa(request):
+    kernels.cap_isa_level(request.param)
+    assert kernels.isa_level() == request.param
+    yield request.param
+    kernels.cap_isa_level(2)
+
+
+def test_linear_is_the_same_for_any_row_count_position_and_company(isa):
+    torch.manual_seed(isa)
+    w, b = torch.randn(37, 70), torch.randn(37)  # odd sizes: every tail path runs
+    x = torch.randn(9, 70)
+    full = kernels.linear(x, w, b, 2)
+    assert torch.allclose(full.double(), (x.double() @ w.double().T + b.double()), atol=1e-4)
+    for row in range(9):
+        alone = kernels.linear(x[row:row + 1], w, b, 1)[0]
+        moved = kernels.linear(torch.roll(x, 3, 0), w, b, 2)[(row + 3) % 9]
+        assert torch.equal(alone, full[row]) and torch.equal(moved, full[row])
+    residual = torch.randn(9, 37)
+    expected = residual + full
+    assert torch.equal(kernels.linear(x, w, b, 2, residual=residual.clone()), expected)
+
+
+def test_norm_silu_and_top_k_per_row(isa):
+    torch.manual_seed(10 + isa)
+    x, weight = torch.randn(5, 70), torch.randn(70)
+    normed = kernels.rms_norm(x, weight, 1e-5)
+    reference = x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-5) * weight.double()
+    assert torch.allclose(normed.double(), reference, atol=1e-5)
+    gate_up = torch.randn(5, 2 * 37) * 4
+    act = kernels.silu_mul(gate_up)
+    assert torch.allclose(act.double(), torch.nn.functional.silu(gate_up[:, :37].double()) * gate_up[:, 37:].double(),
+                          rtol=1e-5, atol=1e-6)
+    logits = torch.randn(3, 101) * 5
+    ids, values, row_max, log_total, counts = kernels.top_k_logprobs(logits, 4)
+    assert ids.tolist() == [sorted(range(101), key=lambda i: (-float(r[i]), i))[:4] for r in logits]
+    lse = torch.logsumexp(logits.double(), -1)
+    assert torch.allclose((row_max + log_total).double(), lse, atol=1e-5)
+    for row in range(5):
+        assert torch.equal(kernels.rms_norm(x[row:row + 1], weight, 1e-5)[0], normed[row])
+        assert torch.equal(kernels.silu_mul(gate_up[row:row + 1])[0], act[row])
+
+
+def test_a_tiny_model_matches_the_reference_and_batches_invariantly(isa, tmp_path):
+    spec = TinySpec("llama", seed=5)
+    path = tmp_path / "tiny.gguf"
+    weights = write_tiny_gguf(path, spec)
+    engine = Engine(EngineConfig(model_path=path, device="cpu", max_batch=4))
+    params = SamplingParams(temperature=0.0, max_tokens=5, top_logprobs=2, ignore_eos=True)
+    prompts = [engine.chat_prompt_ids([{"role": "user", "content": text}]) for text in ("hello world", "the", "abc 12")]
+    alone = [[r for d in engine.generate({"a": (p, params)})["a"] for r in d.records] for p in prompts]
+    together = engine.generate({str(i): (p, params) for i, p in enumerate(prompts)})
+    for i, prompt in enumerate(prompts):
+        assert [r for d in together[str(i)] for r in d.records] == alone[i]
+        ids = [r.token_id for r in alone[i]]
+        reference = torch.log_softmax(reference_logits(spec, weights, prompt + ids[:-1]), -1)[len(prompt) - 1:]
+        for step, record in enumerate(alone[i]):
+            assert abs(record.logprob - float(reference[step, record.token_id])) <= 1e-4

@@ -1,0 +1,68 @@
+"""What the probe prints: the report lines, and progress on a terminal or as plain lines."""
+
+from batchproof.probe.display import ProgressDisplay, band_line, report_lines
+
+BAND = {
+    "c": 8, "m_formed": 7, "m_formed_source": "slots", "result": "UNMEASURABLE", "divergence_at": None,
+    "intra_agree_to": None, "max_constant_run": None, "declared_min": 64, "max_constant_run_declared": 16,
+    "reason": "slot 3: HTTP 500: boom", "decode_tok_s": None, "slots": [],
+}
+
+
+def test_report_lines_name_the_verdict_the_reference_and_every_band() -> None:
+    witness = {
+        "result": "FAIL",
+        "declared_min": 64,
+        "sampler": {"max_tokens": 128},
+        "reference": {"stable": True, "tokens": 128, "self_divergence_at": 128},
+        "bands": [
+            {**BAND, "c": 4, "m_formed": 4, "result": "PASS", "divergence_at": 3, "intra_agree_to": 128,
+             "top2_margin_at_divergence": 0.0123456, "reason": None, "decode_tok_s": 30.04},
+            BAND,
+        ],
+    }
+    assert report_lines(witness) == [
+        "batchproof probe: FAIL (declared_min 64, n_predict 128)",
+        "  m=1 reference: stable tokens=128 self_divergence_at=128",
+        "  c=4 m_formed=4 (slots) PASS intra_agree_to=128 divergence_at=3 top2_margin=0.01235"
+        " decode=30.0 tok/s",
+        "  c=8 m_formed=7 (slots) UNMEASURABLE intra_agree_to=- divergence_at=- top2_margin=-"
+        " decode=- tok/s (slot 3: HTTP 500: boom)",
+    ]
+
+
+def test_an_unstable_reference_says_why() -> None:
+    witness = {
+        "result": "UNMEASURABLE",
+        "declared_min": 64,
+        "sampler": {"max_tokens": 128},
+        "reference": {"stable": False, "tokens": None, "self_divergence_at": None, "reason": "ref#1: HTTP 501"},
+        "bands": [],
+    }
+    assert report_lines(witness)[1] == "  m=1 reference: NOT STABLE tokens=- self_divergence_at=- (ref#1: HTTP 501)"
+
+
+def test_an_unknown_source_is_not_printed() -> None:
+    assert band_line({**BAND, "m_formed": 0, "m_formed_source": None}).startswith("  c=8 m_formed=0 UNMEASURABLE")
+
+
+def test_plain_progress_goes_to_stderr_line_by_line(capsys) -> None:
+    with ProgressDisplay(is_live=False) as progress:
+        progress.phase("band c=4", 4)
+        for _ in range(4):
+            progress.request_done()
+        progress.phase_done("band c=4: 4/4 back, PASS")
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.splitlines() == ["probe: band c=4: firing 4 request(s)", "probe: band c=4: 4/4 back, PASS"]
+
+
+def test_live_progress_runs_and_keeps_the_phase_summaries(capsys) -> None:
+    with ProgressDisplay(is_live=True) as progress:
+        progress.note("http://x: has /v1/server_info")
+        progress.phase("band c=2", 2)
+        progress.request_done()
+        progress.request_done()
+        progress.phase_done("band c=2: 2/2 back, PASS")
+    out = capsys.readouterr().out
+    assert "band c=2: 2/2 back, PASS" in out and "has /v1/server_info" in out

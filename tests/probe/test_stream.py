@@ -1,0 +1,132 @@
+"""Reading one stream: lenient entries of every server, chunks in any arrangement."""
+
+import pytest
+
+from batchproof.probe.entry import EntryError, parse_entry
+from batchproof.probe.stream import StreamError, StreamResult
+
+OURS = {
+    "token": " hi",
+    "logprob": -0.25,
+    "bytes": [32, 104, 105],
+    "top_logprobs": [
+        {"token": " hi", "logprob": -0.25, "bytes": [32, 104, 105]},
+        {"token": " hello", "logprob": -1.9, "bytes": [32, 104, 101, 108, 108, 111]},
+    ],
+}
+OPENAI = {
+    "token": " hi",
+    "logprob": None,
+    "bytes": None,
+    "top_logprobs": [
+        {"token": " hi", "logprob": -0.25, "bytes": None},
+        {"token": " yo", "logprob": -9999.0, "bytes": None},
+        {"token": " hello", "logprob": -1.9, "bytes": None},
+    ],
+}
+LLAMACPP = {"id": 4521, "token": " hi", "logprob": -0.25, "bytes": [32, 104, 105]}
+
+
+def test_our_entry() -> None:
+    entry = parse_entry(OURS)
+    assert entry.identity == (" hi", (32, 104, 105))
+    assert entry.logprob == -0.25 and entry.top2_margin == pytest.approx(1.65)
+
+
+def test_openai_entry_null_bytes_null_logprob_and_minus_9999() -> None:
+    entry = parse_entry(OPENAI)
+    assert entry.identity == (" hi", ())
+    assert entry.logprob is None
+    assert entry.top2_margin == pytest.approx(1.65)  # -9999 counts as absent
+
+
+def test_llamacpp_entry_extra_id_no_top_logprobs() -> None:
+    entry = parse_entry(LLAMACPP)
+    assert entry.identity == (" hi", (32, 104, 105)) and entry.top2_margin is None
+    assert parse_entry({**LLAMACPP, "top_logprobs": None}).top_logprobs == ()
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "hi",
+        {"logprob": -1.0},
+        {"token": 7},
+        {"token": "a", "bytes": "a"},
+        {"token": "a", "bytes": [256]},
+        {"token": "a", "bytes": [True]},
+        {"token": "a", "top_logprobs": {"a": -1}},
+    ],
+)
+def test_an_unreadable_entry_is_refused(raw: object) -> None:
+    with pytest.raises(EntryError):
+        parse_entry(raw)
+
+
+def content(text: str, entries: list | None = None, finish: str | None = None) -> dict:
+    choice = {"index": 0, "delta": {"content": text}, "finish_reason": finish}
+    if entries is not None:
+        choice["logprobs"] = {"content": entries}
+    return {"choices": [choice]}
+
+
+def usage(n: int) -> dict:
+    return {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": n, "total_tokens": 3 + n}}
+
+
+def test_entries_are_collected_from_whichever_chunk_carries_them() -> None:
+    result = StreamResult()
+    result.feed({"choices": [{"delta": {"role": "assistant"}}], "stream_mode": "live"}, 0.01)
+    result.feed(content("", [{**OURS, "token": "\ufffd", "bytes": [0xC3]}]), 0.10)  # held, no text
+    result.feed(content("é", [{**OURS, "token": "\ufffd", "bytes": [0xA9]}]), 0.20)
+    result.feed({"choices": [{"delta": {"content": " hi"}, "logprobs": None}]}, 0.30)
+    result.feed(content("", [OURS], finish="length"), 0.31)  # held entry at the end
+    result.feed({"choices": [{"delta": {}, "finish_reason": None}]}, 0.32)
+    result.feed(usage(3), 0.33)
+    result.finish()
+    assert result.error is None and result.text == "é hi"
+    assert [e.identity[1] for e in result.entries] == [(0xC3,), (0xA9,), (32, 104, 105)]
+    assert result.arrivals == [0.20, 0.30]
+    assert result.finish_reason == "length" and result.completion_tokens == 3
+    assert result.decode_tok_s == pytest.approx(2 / 0.1)
+
+
+def test_the_first_stream_mode_and_the_last_usage_win() -> None:
+    result = StreamResult()
+    result.feed({"choices": [], "stream_mode": "replay"}, 0.0)
+    result.feed({**content("a"), "stream_mode": "live"}, 0.1)
+    result.feed(content("b"), 0.2)
+    result.feed(usage(1), 0.3)
+    result.feed(usage(2), 0.3)
+    result.finish()
+    assert result.stream_mode == "replay" and not result.is_live and result.decode_tok_s is None
+    assert result.completion_tokens == 2
+
+
+def test_a_stream_without_usage_or_without_content_is_an_error() -> None:
+    result = StreamResult()
+    result.feed(content("a", [OURS]), 0.1)
+    result.finish()
+    assert result.error == "the stream carried no usage"
+    result = StreamResult()
+    result.feed(content("", [OURS]), 0.1)
+    result.feed(usage(1), 0.2)
+    result.finish()
+    assert result.error == "the stream carried no content"
+
+
+def test_an_error_event_or_a_bad_entry_stops_the_stream() -> None:
+    with pytest.raises(StreamError, match="boom"):
+        StreamResult().feed({"error": {"message": "boom", "type": "server_error"}}, 0.0)
+    with pytest.raises(StreamError, match="logprob entry 0"):
+        StreamResult().feed(content("a", [{"logprob": -1.0}]), 0.0)
+    with pytest.raises(StreamError):
+        StreamResult().feed([1, 2], 0.0)
+
+
+def test_a_non_integer_usage_count_is_no_count() -> None:
+    result = StreamResult()
+    result.feed(content("a"), 0.0)
+    result.feed({"choices": [], "usage": {"completion_tokens": "3"}}, 0.1)
+    result.finish()
+    assert result.error is None and result.completion_tokens is None
