@@ -14,7 +14,9 @@ setup(
     ext_modules=[
         Extension(
             "batchproof.engine.model.ops._kernels",
-            sources=["src/batchproof/engine/model/ops/kernels.c"],
+            sources=["src/batchproof/engine/model/ops/kernels.c", "src/batchproof/engine/model/ops/quant.c",
+                     "src/batchproof/engine/model/ops/layers.c"],
+            depends=["src/batchproof/engine/model/ops/kernels.h"],
             extra_compile_args=compile_args,
             extra_link_args=["-fopenmp"] if "-fopenmp" in compile_args else [],
             optional=True,  # without a compiler the engine falls back to padded torch matmuls

@@ -149,6 +149,33 @@ def test_the_torch_path_agrees_with_our_kernels(tiny: Tiny) -> None:
     assert_close(ours, torch_path, tol=1e-5)
 
 
+@torch.inference_mode()
+def test_the_fused_decode_step_is_bitwise_the_op_by_op_step(tiny: Tiny) -> None:
+    """All layers in one C call against the same kernels called one by one from Python:
+    the same KV cache contents and the same hidden states, bit for bit (qwen3 runs op by op)."""
+    model = tiny.engine.model
+    if not isinstance(model.ops, KernelOps):
+        pytest.skip("kernels not built here")
+    ids = tiny.prompt
+
+    def step(fused: bool) -> tuple[torch.Tensor, ...]:
+        model.ops.is_fused = fused
+        cache = fresh_cache(tiny.engine)
+        for slot, n in enumerate((len(ids) - 3, len(ids) - 1, 4)):
+            model.prefill([Segment(torch.tensor(ids[:n]), 0, slot)], cache)
+        positions = torch.tensor([len(ids) - 3, len(ids) - 1, 4])
+        hidden = model.decode(torch.tensor([ids[-3], ids[-1], ids[4]]), positions, torch.tensor([0, 1, 2]), 3, cache)
+        written = [(c[:, slot, :, :int(n) + 1].clone()) for c in (cache.k, cache.v) for slot, n in enumerate(positions)]
+        return hidden, *written
+
+    try:
+        fused, op_by_op = step(True), step(False)
+    finally:
+        model.ops.is_fused = True
+    for a, b in zip(fused, op_by_op):
+        assert torch.equal(a, b)
+
+
 # --- weights that must take effect: qwen2 biases, qwen3 q/k norms; quantized storage ----------
 
 

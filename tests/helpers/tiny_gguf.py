@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from batchproof.engine.tokenizer import bytes_to_unicode
+from tests.helpers.quant_blocks import SCALE_OFFSETS, random_blocks
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
@@ -58,7 +59,8 @@ class TinySpec:
     pre: str = "gpt2"
     tie_embeddings: bool = False
     seed: int = 0
-    # GGUF tensor name -> storage type other than F32 (F16, Q8_0; Q8_1 is written as raw bytes).
+    # GGUF tensor name -> storage type other than F32 (gguf quantizes F16, BF16, Q4_0..Q8_0; the
+    # K-quants are random blocks and Q8_1 random bytes, so their values are not `weights`).
     tensor_types: dict[str, gguf.GGMLQuantizationType] = field(default_factory=dict)
 
     @property
@@ -166,6 +168,10 @@ def write_tiny_gguf(path: Path, spec: TinySpec = TinySpec(), weights: dict[str, 
             writer.add_tensor(name, array)
         elif qtype == gguf.GGMLQuantizationType.F16:
             writer.add_tensor(name, array.astype(np.float16))
+        elif qtype in SCALE_OFFSETS and qtype.name.endswith("_K"):  # no quantizer for K-quants: random blocks
+            writer.add_tensor(name, random_blocks(qtype, *array.shape, seed=spec.seed), raw_dtype=qtype)
+        elif qtype == gguf.GGMLQuantizationType.BF16:
+            writer.add_tensor(name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
         elif qtype == gguf.GGMLQuantizationType.Q8_1:  # no quantizer for it: raw bytes of the right size
             block, type_size = gguf.GGML_QUANT_SIZES[qtype]
             raw = np.random.default_rng(1).integers(0, 256, (array.shape[0], array.shape[1] // block * type_size),

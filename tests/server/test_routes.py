@@ -147,8 +147,11 @@ def test_server_info_reports_what_shapes_the_numbers(server) -> None:
     assert info["served_model_name"] == httpx.get(server.url + "/v1/models").json()["data"][0]["id"]
     expected = {"device": "cpu", "dtype": "float32", "max_batch": 16, "batch_window_ms": 20.0,
                 "batch_invariant": True, "max_model_len": engine.max_model_len, "architecture": "llama",
-                "max_prefill_tokens": engine.config.max_prefill_tokens, "num_threads": engine.num_threads}
+                "max_prefill_tokens": engine.config.max_prefill_tokens, "num_threads": engine.num_threads,
+                "weights": "native"}
     assert {k: info[k] for k in expected} == expected
+    # the default model's weights held in their blocks: 97 MB, not 538 MB of float32
+    assert 90e6 < info["weights_bytes"] < 110e6
     assert info["server"] == {"max_queue": server.state.config.max_queue,
                               "request_timeout_s": server.state.config.request_timeout_s,
                               "api_key_required": False}

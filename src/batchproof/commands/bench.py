@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 
 DEFAULT_PROMPT = "Write an essay on compilers."
+LONG_PROMPT = ("Summarise the following notes on compilers in one sentence. " + "Compilers translate programs "
+               "written in one language into another, checking them, optimising them and emitting code. " * 30)
 PREFILL_TEXT = ("Compilers translate programs written in one language into another, checking them, "
                 "optimising them and emitting code a machine can run. ") * 24
 
@@ -33,6 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--serve-arg", action="append", default=[], help="extra flag for the served engine")
     parser.add_argument("--url", help="measure this OpenAI-compatible server over HTTP")
     parser.add_argument("--vs", help="a peer server to measure with the same workload, for ratios")
+    parser.add_argument("--vs-pid", type=int, help="the peer's process id, to report its peak resident memory")
     parser.add_argument("--concurrency", default="", help="HTTP concurrency ladder, e.g. 1,4,8,16,32")
     parser.add_argument("--band-repeats", type=int, default=3, help="runs per ladder rung (the median run is kept)")
     parser.add_argument("--invariance-cost", action="store_true",
@@ -126,6 +129,21 @@ def served_model(url: str) -> str | None:
 
     models = httpx.get(f"{url}/v1/models", timeout=30).json().get("data") or [{}]
     return models[0].get("id")
+
+
+def http_ttft(url: str, model: str | None, key: str, round_number: list[int]) -> float:
+    """Time to first token of a ~600-token prompt, streamed, alone. Each call's prompt opens
+    with a different word, so no server can answer from a prompt cache."""
+    round_number[0] += 1
+    words = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet")
+    opening = " ".join(words[int(d)] for d in str(round_number[0]))
+    body = {"messages": [{"role": "user", "content": f"{opening}. {LONG_PROMPT}"}], "max_tokens": 1,
+            "temperature": 0, "stream": True}
+    if model:
+        body["model"] = model
+    if key == "peer":
+        body["cache_prompt"] = False  # llama-server's own prompt cache, off
+    return asyncio.run(_band(url, body, 1))["ttft_s"]
 
 
 def http_decode_rate(url: str, model: str | None, args: argparse.Namespace, top_logprobs: int | None) -> float:
@@ -247,6 +265,12 @@ def ratios(results: dict) -> list[str]:
     if ours and peer:
         share = 1 - _paired_cost(peer["decode_runs"][0], ours["decode_runs"][0])
         lines.append(f"single stream ours / peer (paired rounds): {share:.2f}")
+        if "ttft_600_s" in ours and "ttft_600_s" in peer:
+            ttft_ours, ttft_peer = ours["ttft_600_s"], peer["ttft_600_s"]
+            lines.append(f"TTFT of a ~600-token prompt: ours {ttft_ours:.3f} s, peer {ttft_peer:.3f} s "
+                         f"(ours/peer {ttft_ours / ttft_peer:.2f})")
+        if ours.get("peak_rss_mb") and peer.get("peak_rss_mb"):
+            lines.append(f"peak resident memory: ours {ours['peak_rss_mb']:.0f} MB, peer {peer['peak_rss_mb']:.0f} MB")
         peer_by_c = {b["c"]: b for b in peer.get("bands", [])}
         for band in ours.get("bands", []):
             other = peer_by_c.get(band["c"])
@@ -276,6 +300,7 @@ def run(args: argparse.Namespace) -> int:
         for key, model in models.items():
             measurements[key] = lambda t=targets[key], m=model: http_decode_rate(t, m, args, None)
             measurements[f"{key}_top20"] = lambda t=targets[key], m=model: http_decode_rate(t, m, args, 20)
+            measurements[f"{key}_ttft600"] = lambda t=targets[key], m=model, k=key, n=[0]: http_ttft(t, m, k, n)
         rounds = single_stream(measurements, args.repeats)
         for key in ("engine", *models):
             if key in rounds:
@@ -283,6 +308,8 @@ def run(args: argparse.Namespace) -> int:
                 figures["decode_tok_s"] = rounds[key]["median"]
                 figures["decode_top20_tok_s"] = rounds[f"{key}_top20"]["median"]
                 figures["decode_runs"] = [rounds[key]["runs"], rounds[f"{key}_top20"]["runs"]]
+                if f"{key}_ttft600" in rounds:
+                    figures["ttft_600_s"] = rounds[f"{key}_ttft600"]["median"]
         if engine is not None:
             results["engine"]["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             del engine
@@ -297,6 +324,8 @@ def run(args: argparse.Namespace) -> int:
                                        for c in ladder]}
         if process is not None:
             results["ours"]["peak_rss_mb"] = _peak_rss_mb(process.pid)
+        if args.vs_pid and "peer" in results:
+            results["peer"]["peak_rss_mb"] = _peak_rss_mb(args.vs_pid)
     except RuntimeError as e:
         print(f"batchproof bench: {e}", file=sys.stderr)
         return 1

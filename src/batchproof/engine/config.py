@@ -33,6 +33,11 @@ class EngineConfig:
     max_prefill_tokens: int = field(
         default=2048, metadata={"help": "prompt tokens prefilled in one step before decoding resumes"}
     )
+    weights: Literal["native", "float32"] = field(
+        default="native",
+        metadata={"help": "native: matmul weights stay in their GGUF blocks (our kernels dequantize as they "
+                          "multiply, bitwise the float32 result); float32: dequantized at load"},
+    )
 
     def __post_init__(self) -> None:
         require(self.max_batch >= 1, f"max_batch must be >= 1, got {self.max_batch}")

@@ -14,7 +14,7 @@ from batchproof.engine.config import EngineConfig
 from batchproof.engine.kv_cache import KVCache
 from batchproof.engine.model.default_model import default_model_path
 from batchproof.engine.model.gguf_file import ModelLoadError, ModelSpec, read_model_file
-from batchproof.engine.model.ops import choose_ops
+from batchproof.engine.model.ops import KernelOps, choose_ops, kernels
 from batchproof.engine.model.transformer import Transformer
 from batchproof.engine.outputs import OutputProcessor
 from batchproof.engine.runner import ModelRunner
@@ -55,7 +55,11 @@ class Engine:
             torch.backends.cudnn.allow_tf32 = False
         started = time.perf_counter()
         self.model_path = Path(config.model_path) if config.model_path else default_model_path()
-        model_file = read_model_file(self.model_path)
+        ops = choose_ops(self.device, self.dtype, config.is_batch_invariant, self.num_threads)
+        # Native weights need our kernels; the torch backend (a GPU, no compiler, or
+        # invariance off) multiplies float tensors, so it always gets them dequantized.
+        self.weights = config.weights if isinstance(ops, KernelOps) else "float32"
+        model_file = read_model_file(self.model_path, kernels.runs_natively if self.weights == "native" else None)
         self.spec: ModelSpec = model_file.spec
         try:
             self.tokenizer = Tokenizer(model_file.metadata)
@@ -68,7 +72,6 @@ class Engine:
         )
         self.max_model_len = min(config.max_model_len or DEFAULT_MAX_MODEL_LEN, self.spec.context_len)
         with torch.inference_mode():
-            ops = choose_ops(self.device, self.dtype, config.is_batch_invariant, self.num_threads)
             self.model = Transformer.from_model_file(model_file, self.device, self.dtype, self.max_model_len, ops)
         del model_file
         s = self.spec
@@ -201,6 +204,8 @@ class Engine:
             "max_prefill_tokens": self.config.max_prefill_tokens,
             "batch_invariant": self.config.is_batch_invariant,
             "decode_path": self.model.ops.decode_path,
+            "weights": self.weights,
+            "weights_bytes": self.model.weights_nbytes,
             "num_threads": self.num_threads,
             "torch_version": torch.__version__,
         }

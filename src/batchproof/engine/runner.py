@@ -14,7 +14,7 @@ class ModelRunner:
         self.cache = cache
         self.max_batch = max_batch
         self.max_prefill_tokens = max_prefill_tokens
-        self.device = model.embed.device
+        self.device = model.device
 
     def prefill(self, seqs: list[Sequence]) -> list[tuple[torch.Tensor, list[TokenRecord | None] | None]]:
         """Feed the prompts of newly admitted sequences -> per sequence, (its last position's

@@ -1,10 +1,14 @@
-"""Reading a GGUF file: hyperparameters, tokenizer metadata and dequantized tensors."""
+"""Reading a GGUF file: hyperparameters, tokenizer metadata, and tensors (dequantized, or
+the matmul weights kept in their blocks for the native kernels)."""
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+
+from batchproof.engine.model.weights import RawTensor
 
 GGUF_MAGIC = b"GGUF"
 
@@ -31,6 +35,10 @@ LAYER_TENSOR_NAMES: dict[str, str] = {
     "ffn_up.weight": "w_up",
     "ffn_down.weight": "w_down",
 }
+
+# The weights the native kernels multiply from their blocks; the rest (norms, biases,
+# RoPE factors) are small and always dequantized.
+MATMUL_WEIGHTS = {"embed", "lm_head", "wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"}
 
 # How each architecture's file lays out Q/K for RoPE: llama.cpp's converter permutes
 # llama Q/K rows so rotation pairs are adjacent; qwen files keep Hugging Face's halves.
@@ -69,8 +77,9 @@ class ModelFile:
     path: Path
     spec: ModelSpec
     metadata: dict[str, Any]
-    # name -> float32 array; layer tensors are keyed "layers.N.<name>".
-    tensors: dict[str, np.ndarray]
+    # name -> float32 array (or RawTensor when kept quantized); layer tensors are keyed
+    # "layers.N.<name>".
+    tensors: dict[str, np.ndarray | RawTensor]
 
 
 def _open_reader(path: Path) -> Any:
@@ -103,7 +112,7 @@ def _metadata(reader: Any, path: Path) -> dict[str, Any]:
     return values
 
 
-def _spec(meta: dict[str, Any], tensors: dict[str, np.ndarray], path: Path) -> ModelSpec:
+def _spec(meta: dict[str, Any], tensors: dict[str, np.ndarray | RawTensor], path: Path) -> ModelSpec:
     arch = meta.get("general.architecture")
     if arch not in ROPE_STYLES:
         raise ModelLoadError(
@@ -162,14 +171,31 @@ def _dequantize(reader_tensor: Any, path: Path) -> np.ndarray:
     return values if values.flags.writeable else values.copy()
 
 
-def read_model_file(path: Path) -> ModelFile:
+def _raw(reader_tensor: Any, path: Path, runs_natively: Callable[[int], bool]) -> RawTensor:
+    qtype = reader_tensor.tensor_type
+    if not runs_natively(int(qtype)):
+        raise ModelLoadError(f"{path}: tensor {reader_tensor.name!r} has type {qtype.name}, which the native "
+                             "kernels do not run; --weights float32 runs it dequantized")
+    shape = tuple(int(d) for d in reversed(reader_tensor.shape))
+    data = np.asarray(reader_tensor.data).view(np.uint8).reshape(shape[0], -1)
+    return RawTensor(data, int(qtype), shape)
+
+
+def read_model_file(path: Path, runs_natively: Callable[[int], bool] | None = None) -> ModelFile:
+    """runs_natively: keep the matmul weights whose type it accepts as RawTensor blocks
+    (any other type is refused, naming the tensor); None dequantizes everything."""
     path = Path(path)
     reader = _open_reader(path)
     meta = _metadata(reader, path)
-    tensors: dict[str, np.ndarray] = {}
+    tensors: dict[str, np.ndarray | RawTensor] = {}
     for reader_tensor in reader.tensors:
         name = _our_name(reader_tensor.name)
-        if name is not None:
+        if name is None:
+            continue
+        is_float32 = reader_tensor.tensor_type == 0  # F32 blocks are float32 already: a plain array
+        if runs_natively is not None and name.rsplit(".", 1)[-1] in MATMUL_WEIGHTS and not is_float32:
+            tensors[name] = _raw(reader_tensor, path, runs_natively)
+        else:
             tensors[name] = _dequantize(reader_tensor, path)
     spec = _spec(meta, tensors, path)
     return ModelFile(path=path, spec=spec, metadata=meta, tensors=tensors)

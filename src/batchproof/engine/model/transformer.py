@@ -1,5 +1,6 @@
 """The transformer forward pass: llama / qwen2 / qwen3, read top to bottom like the architecture."""
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -9,6 +10,9 @@ import torch.nn.functional as F
 from batchproof.engine.kv_cache import KVCache
 from batchproof.engine.model.gguf_file import ModelFile, ModelSpec
 from batchproof.engine.model.ops import HeadLayout, Ops, RopeTables
+from batchproof.engine.model.weights import QuantWeight, RawTensor, as_raw, quant_weight
+
+Weight = torch.Tensor | QuantWeight  # float (torch) or kept in its GGUF blocks
 
 
 @dataclass(frozen=True)
@@ -23,14 +27,14 @@ class Segment:
 @dataclass
 class LayerWeights:
     attn_norm: torch.Tensor  # [dim]
-    wqkv: torch.Tensor  # [q_dim + 2 * kv_dim, dim]
+    wqkv: Weight  # [q_dim + 2 * kv_dim, dim]
     bqkv: torch.Tensor | None  # [q_dim + 2 * kv_dim] (qwen2)
     q_norm: torch.Tensor | None  # [head_dim] (qwen3)
     k_norm: torch.Tensor | None
-    wo: torch.Tensor  # [dim, q_dim]
+    wo: Weight  # [dim, q_dim]
     ffn_norm: torch.Tensor  # [dim]
-    w_gate_up: torch.Tensor  # [2 * ffn_dim, dim]
-    w_down: torch.Tensor  # [dim, ffn_dim]
+    w_gate_up: Weight  # [2 * ffn_dim, dim]
+    w_down: Weight  # [dim, ffn_dim]
 
 
 def rope_tables(spec: ModelSpec, max_len: int, freq_factors: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,8 +48,8 @@ def rope_tables(spec: ModelSpec, max_len: int, freq_factors: torch.Tensor | None
 
 
 class Transformer:
-    def __init__(self, spec: ModelSpec, layers: list[LayerWeights], embed: torch.Tensor, final_norm: torch.Tensor,
-                 lm_head: torch.Tensor, rope_freqs: torch.Tensor | None, max_len: int, ops: Ops) -> None:
+    def __init__(self, spec: ModelSpec, layers: list[LayerWeights], embed: Weight, final_norm: torch.Tensor,
+                 lm_head: Weight, rope_freqs: torch.Tensor | None, max_len: int, ops: Ops) -> None:
         self.spec = spec
         self.ops = ops  # the arithmetic, chosen once at load (ops/__init__.py)
         self.layers = layers
@@ -53,7 +57,8 @@ class Transformer:
         self.final_norm = final_norm
         self.lm_head = lm_head  # [vocab, dim]; the same tensor as embed when tied
         cos, sin = rope_tables(spec, max_len, rope_freqs)
-        self.rope = RopeTables(cos.to(embed.device), sin.to(embed.device))
+        self.device = final_norm.device
+        self.rope = RopeTables(cos.to(self.device), sin.to(self.device))
         self.heads = HeadLayout(spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.rope_dim, spec.rope_style,
                                 spec.norm_eps)
         self.q_dim = spec.num_heads * spec.head_dim
@@ -71,23 +76,29 @@ class Transformer:
         def maybe(name: str) -> torch.Tensor | None:
             return get(name) if name in t else None
 
+        def matmul(*names: str) -> Weight:
+            """One weight from tensors side by side: kept in blocks if the file read kept them."""
+            if any(isinstance(t[n], RawTensor) for n in names):
+                return quant_weight(*(as_raw(t[n]) for n in names))
+            return torch.cat([get(n) for n in names]) if len(names) > 1 else get(names[0])
+
         layers = []
         for i in range(model_file.spec.num_layers):
             p = f"layers.{i}."
             biases = [maybe(p + b) for b in ("bq", "bk", "bv")]
             layers.append(LayerWeights(
                 attn_norm=get(p + "attn_norm"),
-                wqkv=torch.cat([get(p + "wq"), get(p + "wk"), get(p + "wv")]),
+                wqkv=matmul(p + "wq", p + "wk", p + "wv"),
                 bqkv=torch.cat(biases) if all(b is not None for b in biases) else None,
                 q_norm=maybe(p + "q_norm"),
                 k_norm=maybe(p + "k_norm"),
-                wo=get(p + "wo"),
+                wo=matmul(p + "wo"),
                 ffn_norm=get(p + "ffn_norm"),
-                w_gate_up=torch.cat([get(p + "w_gate"), get(p + "w_up")]),
-                w_down=get(p + "w_down"),
+                w_gate_up=matmul(p + "w_gate", p + "w_up"),
+                w_down=matmul(p + "w_down"),
             ))
-        embed = get("embed")
-        lm_head = get("lm_head") if "lm_head" in t else embed
+        embed = matmul("embed")
+        lm_head = matmul("lm_head") if "lm_head" in t else embed
         rope_freqs = torch.from_numpy(t["rope_freqs"]) if "rope_freqs" in t else None
         return cls(model_file.spec, layers, embed, get("final_norm"), lm_head, rope_freqs, max_len, ops)
 
@@ -106,6 +117,16 @@ class Transformer:
         gate_up = self.ops.linear(h, layer.w_gate_up)  # [n, 2 * ffn_dim]
         return self.ops.linear(self.ops.silu_mul(gate_up), layer.w_down, residual=x)
 
+    @property
+    def weights_nbytes(self) -> int:
+        """Bytes of weights held (a tied LM head counted once)."""
+        seen: dict[int, int] = {}
+        for w in [self.embed, self.lm_head, self.final_norm, *(getattr(layer, f.name) for layer in self.layers
+                                                                for f in dataclasses.fields(layer))]:
+            if w is not None:
+                seen[id(w)] = w.nbytes if isinstance(w, QuantWeight) else w.numel() * w.element_size()
+        return sum(seen.values())
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [n, dim] after the final norm -> [n, vocab] float32 logits."""
         return self.ops.linear(hidden, self.lm_head).float()
@@ -118,12 +139,12 @@ class Transformer:
         Matmuls run over every segment's rows at once; attention runs per segment, causal,
         over that sequence's own cache region.
         """
-        device = self.embed.device
+        device = self.device
         token_ids = torch.cat([seg.token_ids for seg in segments])
         positions = torch.cat([torch.arange(seg.start, seg.start + len(seg.token_ids), device=device)
                                for seg in segments])
         bounds = torch.tensor([0, *(len(seg.token_ids) for seg in segments)]).cumsum(0).tolist()
-        x = self.embed[token_ids]  # [n, dim]
+        x = self.ops.embedding(self.embed, token_ids)  # [n, dim]
         for i, layer in enumerate(self.layers):
             h = self._norm(x, layer.attn_norm)
             q, k, v = self._qkv(layer, h, positions)
@@ -159,7 +180,13 @@ class Transformer:
         Matmuls run over all rows; attention runs per sequence over that sequence's own
         keys, so no row's arithmetic depends on how many others share the step.
         """
-        x = self.embed[token_ids]  # [rows, dim]
+        x = self.ops.embedding(self.embed, token_ids)  # [rows, dim]
+        x = self.ops.decode_layers(self, x, positions, slots, num_real, cache)
+        return self._norm(x, self.final_norm)
+
+    def decode_layers(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, num_real: int,
+                      cache: KVCache) -> torch.Tensor:
+        """Every layer, one op at a time (the ops may run the same ops in one call instead)."""
         real_slots, real_pos = slots[:num_real], positions[:num_real]
         lengths = real_pos + 1
         for i, layer in enumerate(self.layers):
@@ -171,4 +198,4 @@ class Transformer:
                 attn = torch.cat([attn, attn.new_zeros(x.shape[0] - num_real, self.q_dim)])
             x = self.ops.linear(attn, layer.wo, residual=x)
             x = self._mlp(layer, x)
-        return self._norm(x, self.final_norm)
+        return x

@@ -39,11 +39,15 @@ class Ops(Protocol):
     def decode_rows(self, num_seqs: int, max_batch: int) -> int:
         """How many rows a decode step of num_seqs sequences runs (the rest is padding)."""
 
+    def embedding(self, table, token_ids: torch.Tensor) -> torch.Tensor:
+        """Rows token_ids of the embedding table (float or in GGUF blocks) -> [n, dim] float."""
+
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor: ...
 
-    def linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None,
+    def linear(self, x: torch.Tensor, w, b: torch.Tensor | None = None,
                residual: torch.Tensor | None = None) -> torch.Tensor:
-        """x @ w^T (+ b), plus `residual` when given (which may be updated in place)."""
+        """x @ w^T (+ b), plus `residual` when given (which may be updated in place); w is a
+        float tensor, or (KernelOps) a QuantWeight multiplied straight from its blocks."""
 
     def qkv_heads(self, qkv: torch.Tensor, layout: HeadLayout, positions: torch.Tensor, rope: RopeTables,
                   q_norm: torch.Tensor | None, k_norm: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
@@ -56,6 +60,11 @@ class Ops(Protocol):
     def decode_attention(self, q: torch.Tensor, cache: KVCache, layer: int, slots: torch.Tensor,
                          lengths: torch.Tensor, scale: float) -> torch.Tensor:
         """q [B, heads, hd], one query per sequence over its own cached keys -> [B, heads, hd]."""
+
+    def decode_layers(self, model, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, num_real: int,
+                      cache: KVCache) -> torch.Tensor:
+        """Every layer of a decode step over the residual stream x [rows, dim]: the model's
+        own op-by-op loop (model.decode_layers), or the same ops fused into one call."""
 
     def normalizer_and_top_k(self, logits: torch.Tensor, k: int) -> tuple[Normalizer, TopK]:
         """Each row's log-softmax normaliser and its best k, each row on its own fixed-order sums."""

@@ -9,23 +9,35 @@ from batchproof.engine.kv_cache import KVCache
 from batchproof.engine.logprobs import Normalizer, TopK
 from batchproof.engine.model.ops import kernels, torch_ops
 from batchproof.engine.model.ops.base import HeadLayout, RopeTables
+from batchproof.engine.model.weights import QuantWeight
 
 
 class KernelOps:
     batches_prefill = True
 
-    def __init__(self, num_threads: int) -> None:
+    def __init__(self, num_threads: int, is_fused: bool = True) -> None:
         self.num_threads = num_threads
+        self.is_fused = is_fused  # decode steps in one C call (tests turn it off to compare)
+        self._fused: kernels.DecodeLayers | None = None
+        self._fused_key: tuple[int, int] | None = None
         self.decode_path = f"{kernels.kernel_name()} kernels, one fixed-order sum per output (batch-invariant)"
 
     def decode_rows(self, num_seqs: int, max_batch: int) -> int:
         return num_seqs
 
+    def embedding(self, table: torch.Tensor | QuantWeight, token_ids: torch.Tensor) -> torch.Tensor:
+        if isinstance(table, QuantWeight):  # dequantize just the rows asked for
+            return kernels.dequant_rows(table, token_ids)
+        return table[token_ids]
+
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return kernels.rms_norm(x, weight, eps)
 
-    def linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None,
+    def linear(self, x: torch.Tensor, w: torch.Tensor | QuantWeight, b: torch.Tensor | None = None,
                residual: torch.Tensor | None = None) -> torch.Tensor:
+        # The weight's storage decides the kernel; both add the same terms in the same order.
+        if isinstance(w, QuantWeight):
+            return kernels.linear_q(x, w, b, self.num_threads, residual)
         return kernels.linear(x, w, b, self.num_threads, residual)
 
     def qkv_heads(self, qkv: torch.Tensor, layout: HeadLayout, positions: torch.Tensor, rope: RopeTables,
@@ -43,6 +55,21 @@ class KernelOps:
     def decode_attention(self, q: torch.Tensor, cache: KVCache, layer: int, slots: torch.Tensor,
                          lengths: torch.Tensor, scale: float) -> torch.Tensor:
         return kernels.decode_attention(q, cache.k[layer], cache.v[layer], slots, lengths, scale, self.num_threads)
+
+    def decode_layers(self, model, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, num_real: int,
+                      cache: KVCache) -> torch.Tensor:
+        """All layers in one C call (layers.c), the same kernels in the same order, so the
+        same bits; models with per-head Q/K norms (qwen3) run op by op."""
+        if any(layer.q_norm is not None for layer in model.layers) or not self.is_fused:
+            return model.decode_layers(x, positions, slots, num_real, cache)
+        key = (id(model), id(cache))
+        if self._fused_key != key:  # described once per model and cache (their addresses never move)
+            self._fused = kernels.DecodeLayers(model.spec, model.layers, model.rope.cos, model.rope.sin, cache.k,
+                                               cache.v, model.scale)
+            self._fused_key = key
+        x = x.contiguous()
+        self._fused(x, positions, slots, self.num_threads)
+        return x
 
     def normalizer_and_top_k(self, logits: torch.Tensor, k: int) -> tuple[Normalizer, TopK]:
         """Both in one pass over each row (0.17 ms a step at top 20, against 0.8 in torch)."""

@@ -21,13 +21,13 @@
 #include <string.h>
 #include <Python.h>
 
+#include "kernels.h"
+
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 #define BP_X86 1
 #endif
 
-#define MT 4 /* rows of x per tile */
-#define NT 4 /* rows of w (outputs) per tile */
 
 /* ---------------- linear: y[m, n] (+)= sum_k x[m, k] * w[n, k] (+ b[n]) ---------------- */
 
@@ -151,8 +151,6 @@ static void tile_scalar(const float *x, const float *w, float *y, int64_t K, int
         }
 }
 
-typedef void (*tile_fn)(const float *, const float *, float *, int64_t, int64_t, int, int, const float *);
-
 static int isa_cap = 2; /* lowered by tests, to run the AVX2 and portable paths here too */
 
 static int isa_level(void) {
@@ -167,7 +165,7 @@ static int isa_level(void) {
 
 void bp_cap_isa_level(int cap) { isa_cap = cap; }
 
-static tile_fn pick_tile(void) {
+tile_fn bp_pick_tile(void) {
 #ifdef BP_X86
     switch (isa_level()) {
     case 2: return tile_avx512;
@@ -184,7 +182,7 @@ int bp_isa_level(void) { return isa_level(); }
  * the output is written, one rounding per add as in torch's `y + linear(x)`. */
 void bp_linear_f32(const float *x, const float *w, const float *b, float *y, int64_t M, int64_t N, int64_t K,
                    int accumulate, int num_threads) {
-    tile_fn tile = pick_tile();
+    tile_fn tile = bp_pick_tile();
     int64_t num_tiles = (N + NT - 1) / NT;
     /* Threads split outputs, never K: each output is summed by exactly one thread. */
 #pragma omp parallel for schedule(static) num_threads(num_threads)
@@ -196,13 +194,7 @@ void bp_linear_f32(const float *x, const float *w, const float *b, float *y, int
         for (int64_t m = 0; m < M; m += MT) {
             int mt = (int)(M - m < MT ? M - m : MT);
             tile(x + m * K, w + n * K, sums, K, NT, mt, nt, m == 0 ? next_w : w + n * K);
-            for (int i = 0; i < mt; i++)
-                for (int j = 0; j < nt; j++) {
-                    float value = sums[i * NT + j];
-                    if (b) value += b[n + j];
-                    float *out = y + (m + i) * N + n + j;
-                    *out = accumulate ? *out + value : value;
-                }
+            bp_store_tile(sums, b, y, m, n, mt, nt, N, accumulate);
         }
     }
 }

@@ -6,6 +6,8 @@ from functools import cache
 
 import torch
 
+from batchproof.engine.model.weights import QuantWeight
+
 ISA_NAMES = {2: "avx512", 1: "avx2", 0: "portable"}
 
 
@@ -28,6 +30,15 @@ def _library() -> ctypes.CDLL | None:
     lib.bp_silu_mul_f32.restype = None
     lib.bp_decode_attention_f32.argtypes = [ptr] * 6 + [i64] * 5 + [ctypes.c_float, ctypes.c_int]
     lib.bp_decode_attention_f32.restype = None
+    lib.bp_linear_q.argtypes = [ptr, ptr, ctypes.c_int, i64, ptr, ptr, i64, i64, i64, i64, ctypes.c_int,
+                                ctypes.c_int]
+    lib.bp_linear_q.restype = None
+    lib.bp_dequant_rows.argtypes = [ptr, ctypes.c_int, i64, i64, ptr, i64, ptr]
+    lib.bp_dequant_rows.restype = None
+    lib.bp_block_bytes.argtypes = [ctypes.c_int]
+    lib.bp_block_bytes.restype = i64
+    lib.bp_decode_layers.argtypes = [ptr, ptr, i64, ptr, i64, ptr, ptr, ctypes.c_int]
+    lib.bp_decode_layers.restype = None
     lib.bp_isa_level.restype = ctypes.c_int
     lib.bp_cap_isa_level.argtypes = [ctypes.c_int]
     lib.bp_cap_isa_level.restype = None
@@ -77,6 +88,43 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, num_threads
         y = residual
     lib.bp_linear_f32(_ptr(x), _ptr(w), _ptr(b), _ptr(y), m, n, k, int(residual is not None), num_threads)
     return y
+
+
+def runs_natively(qtype: int) -> bool:
+    """Whether our kernels multiply this GGML type straight from its blocks."""
+    return _library().bp_block_bytes(qtype) > 0
+
+
+def linear_q(x: torch.Tensor, w: QuantWeight, b: torch.Tensor | None, num_threads: int,
+             residual: torch.Tensor | None = None) -> torch.Tensor:
+    """linear() on a weight kept in its GGUF blocks: bitwise the float32 kernel's result on
+    the dequantized weight. Each part (Q, K, V may differ in type) fills its own columns."""
+    lib = _library()
+    assert x.dtype == torch.float32 and x.device.type == "cpu"
+    x = x.contiguous()
+    m, k = x.shape
+    n = w.shape[0]
+    assert w.shape[1] == k and (b is None or b.is_contiguous())
+    if residual is None:
+        y = torch.empty(m, n, dtype=torch.float32)
+    else:
+        assert residual.shape == (m, n) and residual.is_contiguous() and residual.dtype == torch.float32
+        y = residual
+    for part, offset in zip(w.parts, w.offsets):
+        bias = None if b is None else b.data_ptr() + 4 * offset
+        lib.bp_linear_q(_ptr(x), part.data.ctypes.data, part.qtype, part.data.shape[1], bias,
+                        y.data_ptr() + 4 * offset, n, m, part.rows, k, int(residual is not None), num_threads)
+    return y
+
+
+def dequant_rows(w: QuantWeight, ids: torch.Tensor) -> torch.Tensor:
+    """Rows `ids` of a one-part quantized weight as float32 [len(ids), K] (the embedding lookup)."""
+    (part,) = w.parts
+    ids = ids.to(torch.int64).contiguous()
+    out = torch.empty(ids.shape[0], w.shape[1], dtype=torch.float32)
+    _library().bp_dequant_rows(part.data.ctypes.data, part.qtype, part.data.shape[1], w.shape[1], _ptr(ids),
+                               ids.shape[0], _ptr(out))
+    return out
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -135,3 +183,69 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         b, h, kvh, d, max_len, scale, num_threads,
     )
     return out
+
+
+# --- the fused decode step: every layer in one call (layers.c) ----------------------------------
+
+MAX_PARTS = 4
+
+
+class _Weight(ctypes.Structure):
+    _fields_ = [("num_parts", ctypes.c_int32), ("types", ctypes.c_int32 * MAX_PARTS),
+                ("data", ctypes.c_void_p * MAX_PARTS), ("rows", ctypes.c_int64 * MAX_PARTS),
+                ("row_bytes", ctypes.c_int64 * MAX_PARTS)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [("attn_norm", ctypes.c_void_p), ("ffn_norm", ctypes.c_void_p), ("bqkv", ctypes.c_void_p),
+                ("wqkv", _Weight), ("wo", _Weight), ("w_gate_up", _Weight), ("w_down", _Weight),
+                ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p)]
+
+
+class _Shape(ctypes.Structure):
+    _fields_ = [("dim", ctypes.c_int64), ("ffn_dim", ctypes.c_int64), ("num_heads", ctypes.c_int64),
+                ("num_kv_heads", ctypes.c_int64), ("head_dim", ctypes.c_int64), ("rope_dim", ctypes.c_int64),
+                ("max_len", ctypes.c_int64), ("rope_style", ctypes.c_int32), ("eps", ctypes.c_float),
+                ("scale", ctypes.c_float), ("cos_table", ctypes.c_void_p), ("sin_table", ctypes.c_void_p)]
+
+
+def _weight(w: torch.Tensor | QuantWeight) -> _Weight:
+    out = _Weight()
+    if isinstance(w, QuantWeight):
+        assert len(w.parts) <= MAX_PARTS
+        out.num_parts = len(w.parts)
+        for i, part in enumerate(w.parts):
+            out.types[i], out.data[i], out.rows[i] = part.qtype, part.data.ctypes.data, part.rows
+            out.row_bytes[i] = part.data.shape[1]
+    else:
+        assert w.dtype == torch.float32 and w.is_contiguous()
+        out.num_parts, out.types[0], out.data[0] = 1, 0, w.data_ptr()
+        out.rows[0], out.row_bytes[0] = w.shape[0], w.shape[1] * 4
+    return out
+
+
+class DecodeLayers:
+    """A model's layers over one KV cache, described once, so a decode step runs them all in
+    one C call; `keep` holds every tensor whose address the description records."""
+
+    def __init__(self, spec, layers: list, rope_cos: torch.Tensor, rope_sin: torch.Tensor, k_cache: torch.Tensor,
+                 v_cache: torch.Tensor, scale: float) -> None:
+        assert k_cache.is_contiguous() and v_cache.is_contiguous()
+        self.keep = (layers, rope_cos, rope_sin, k_cache, v_cache)
+        self.shape = _Shape(spec.dim, spec.ffn_dim, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.rope_dim,
+                            k_cache.shape[3], 0 if spec.rope_style == "adjacent" else 1, spec.norm_eps, scale,
+                            rope_cos.data_ptr(), rope_sin.data_ptr())
+        self.layers = (_Layer * len(layers))()
+        for i, layer in enumerate(layers):
+            self.layers[i] = _Layer(layer.attn_norm.data_ptr(), layer.ffn_norm.data_ptr(),
+                                    None if layer.bqkv is None else layer.bqkv.data_ptr(),
+                                    _weight(layer.wqkv), _weight(layer.wo), _weight(layer.w_gate_up),
+                                    _weight(layer.w_down), k_cache[i].data_ptr(), v_cache[i].data_ptr())
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, num_threads: int) -> None:
+        """x: [rows, dim] residual stream, updated in place through every layer."""
+        assert x.is_contiguous() and x.dtype == torch.float32
+        positions = positions.to(torch.int64).contiguous()
+        slots = slots.to(torch.int64).contiguous()
+        _library().bp_decode_layers(ctypes.byref(self.shape), self.layers, len(self.layers), _ptr(x), x.shape[0],
+                                    _ptr(positions), _ptr(slots), num_threads)

@@ -63,6 +63,9 @@ class TorchOps:
     def decode_rows(self, num_seqs: int, max_batch: int) -> int:
         return max_batch if self.padded else num_seqs
 
+    def embedding(self, table: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+        return table[token_ids]
+
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return rms_norm(x, weight, eps)
 
@@ -89,6 +92,10 @@ class TorchOps:
             keys, values = cache.view(layer, slot, length)
             out[row] = F.scaled_dot_product_attention(q_groups[row], keys, values, scale=scale)
         return out.flatten(1, 2)
+
+    def decode_layers(self, model, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, num_real: int,
+                      cache: KVCache) -> torch.Tensor:
+        return model.decode_layers(x, positions, slots, num_real, cache)
 
     def normalizer_and_top_k(self, logits: torch.Tensor, k: int) -> tuple[Normalizer, TopK]:
         return logprobs.normalizer_and_top_k(logits, k)

@@ -1,0 +1,43 @@
+/* What kernels.c shares with quant.c: the matmul tile (one fixed-order sum per output)
+ * and how a tile's sums are written out. quant.c feeds the same tile with weights it has
+ * just dequantized, so a quantized matmul adds the same terms in the same order as the
+ * float32 one over the dequantized weights: the same bits. */
+#ifndef BP_KERNELS_H
+#define BP_KERNELS_H
+#include <stdint.h>
+
+#define MT 4 /* rows of x per tile */
+#define NT 4 /* rows of w (outputs) per tile */
+
+typedef void (*tile_fn)(const float *, const float *, float *, int64_t, int64_t, int, int, const float *);
+
+/* The tile of the instruction set in use (AVX-512, AVX2 or portable C). */
+tile_fn bp_pick_tile(void);
+
+/* sums[i * NT + j] (+ b[n + j]) into y[(m + i) * ldy + n + j], added to what is there with
+ * accumulate (the residual add: one rounding per add, as torch's `y + linear(x)`). */
+static inline void bp_store_tile(const float *sums, const float *b, float *y, int64_t m, int64_t n, int mt,
+                                 int nt, int64_t ldy, int accumulate) {
+    for (int i = 0; i < mt; i++)
+        for (int j = 0; j < nt; j++) {
+            float value = sums[i * NT + j];
+            if (b) value += b[n + j];
+            float *out = y + (m + i) * ldy + n + j;
+            *out = accumulate ? *out + value : value;
+        }
+}
+
+
+/* The per-op kernels, for the fused decode step (layers.c). */
+void bp_linear_f32(const float *x, const float *w, const float *b, float *y, int64_t M, int64_t N, int64_t K,
+                   int accumulate, int num_threads);
+void bp_linear_q(const float *x, const uint8_t *w, int type, int64_t row_bytes, const float *b, float *y,
+                 int64_t ldy, int64_t M, int64_t N, int64_t K, int accumulate, int num_threads);
+void bp_rms_norm_f32(const float *x, const float *w, float *y, int64_t rows, int64_t dim, float eps);
+void bp_rope_f32(float *x, int64_t rows, int64_t row_stride, int64_t heads, int64_t head_dim, int64_t rope_dim,
+                 const int64_t *positions, const float *cos_table, const float *sin_table, int style);
+void bp_silu_mul_f32(const float *gate_up, float *y, int64_t rows, int64_t ffn);
+void bp_decode_attention_f32(const float *q, const float *k_cache, const float *v_cache, float *out,
+                             const int64_t *slots, const int64_t *lengths, int64_t B, int64_t H, int64_t KVH,
+                             int64_t D, int64_t max_len, float scale, int num_threads);
+#endif
