@@ -220,3 +220,20 @@ def test_batched_greedy_equals_one_row_at_a_time(rows, bans):
         except SamplingError:
             expected = None
         assert picked == expected
+
+
+def test_processed_logits_are_the_distribution_sampled_from() -> None:
+    """softmax(processed_logits) is what multinomial draws from: the bans, temperature, top-k,
+    top-p and min-p applied, the dropped tokens at -inf, the rest renormalised."""
+    from batchproof.engine.sampler import _sampled_probs, _usable, processed_logits
+
+    logits = torch.linspace(-3.0, 4.0, 50)
+    params = SamplingParams(temperature=0.7, top_k=10, top_p=0.9, min_p=0.05)
+    banned = frozenset({49})
+    processed = processed_logits(logits, params, banned)
+    probs = _sampled_probs(_usable(logits, banned), params)
+    assert torch.equal(processed == float("-inf"), probs == 0)
+    assert processed[49] == float("-inf") and int((processed > float("-inf")).sum()) <= 10
+    assert torch.allclose(torch.softmax(processed, -1), probs / probs.sum(), atol=1e-6)
+    greedy = SamplingParams(temperature=0.0)
+    assert torch.equal(processed_logits(logits, greedy, frozenset()), logits)  # greedy: the logits, as vLLM

@@ -82,10 +82,15 @@ def test_logprobs_absent_gives_null_and_the_same_text(server, greedy) -> None:
     assert reply["usage"] == greedy["usage"]
 
 
-@pytest.mark.parametrize("bad", [6, -1, 2.5, "3", True])
-def test_logprobs_outside_0_to_5_is_422(server, bad) -> None:
+@pytest.mark.parametrize("bad", [-1, 2.5, "3", True])
+def test_logprobs_not_a_count_is_422(server, bad) -> None:
     response = post(server.url, COMPLETIONS, {"prompt": PROMPT, "max_tokens": 1, "logprobs": bad})
     assert_error(response, 422, param="logprobs", mentions=("logprobs", repr(bad)))
+
+
+def test_logprobs_above_the_cap_is_400_naming_it(server) -> None:
+    response = post(server.url, COMPLETIONS, {"prompt": PROMPT, "max_tokens": 1, "logprobs": 21})
+    assert_error(response, 400, param="logprobs", mentions=("'logprobs' is 21", "--max-logprobs 20"))
 
 
 def test_echo_scoring_the_prompt(server) -> None:
@@ -186,8 +191,9 @@ def test_echo_with_stream_is_refused(server) -> None:
     assert_error(response, 400, param="echo", mentions=("echo", "stream"))
 
 
-@pytest.mark.parametrize("prompt, param", [([], "prompt"), ([10 ** 9], "prompt"), ([-1], "prompt"),
-                                           (["a", "b"], "prompt"), ([[1, 2]], "prompt"), (None, "prompt")])
+@pytest.mark.parametrize("prompt, param", [([], "prompt"), ([10 ** 9], "prompt"), ([-1], "prompt"), ([[]], "prompt"),
+                                           ([[1], [-1]], "prompt"), (["a", ""], "prompt"), ([[1], "a"], "prompt"),
+                                           ([1, [2]], "prompt"), (None, "prompt")])
 def test_bad_prompts_are_400(server, prompt, param) -> None:
     response = post(server.url, COMPLETIONS, {"prompt": prompt, "max_tokens": 1})
     assert_error(response, 400, param=param, mentions=("prompt",))

@@ -154,7 +154,8 @@ def test_server_info_reports_what_shapes_the_numbers(server) -> None:
     assert 90e6 < info["weights_bytes"] < 110e6
     assert info["server"] == {"max_queue": server.state.config.max_queue,
                               "request_timeout_s": server.state.config.request_timeout_s,
-                              "api_key_required": False}
+                              "api_key_required": False, "logprobs_mode": "raw", "max_logprobs": 20,
+                              "max_logprob_entries": server.state.config.max_logprob_entries}
     assert info["git_commit"] is None or re.fullmatch(r"[0-9a-f]{40}", info["git_commit"])
     assert httpx.get(server.url + "/v1/server_info").json() == info  # stable between calls
 
@@ -171,5 +172,5 @@ def test_openapi_document_has_the_request_bodies(server) -> None:
     chat = components["ChatCompletionRequest"]
     assert chat["required"] == ["messages"]
     top = [s for s in chat["properties"]["top_logprobs"]["anyOf"] if s.get("type") == "integer"]
-    assert top == [{"type": "integer", "minimum": 0, "maximum": 20}]
+    assert top == [{"type": "integer", "minimum": 0}]  # the upper bound is the server's --max-logprobs
     assert "/v1/embeddings" not in schema["paths"]

@@ -6,7 +6,14 @@ from dataclasses import dataclass
 import torch
 
 from batchproof.engine.logprobs import NormalizerAndTopK, TokenRecord, build_records
-from batchproof.engine.sampler import SamplingError, apply_penalties, banned_for_step, choose_token, greedy_tokens
+from batchproof.engine.sampler import (
+    SamplingError,
+    apply_penalties,
+    banned_for_step,
+    choose_token,
+    greedy_tokens,
+    processed_logits,
+)
 from batchproof.engine.sequence import RequestOutput, Sequence, Status
 from batchproof.engine.text_stream import TextDelta
 
@@ -40,12 +47,15 @@ class OutputProcessor:
 
     def _sample_and_record(self, seqs: list[Sequence], logits: torch.Tensor) -> list[_Choice]:
         rows = [apply_penalties(logits[i], s.params, s.seen_ids, s.output_counts) for i, s in enumerate(seqs)]
-        choices = self._choose(seqs, rows)
+        banned = [banned_for_step(s.params, self.end_ids, len(s.output_ids)) for s in seqs]
+        choices = self._choose(seqs, rows, banned)
         # Records read the same logits the choice read, after it: asking for them changes nothing.
         wanted = [i for i, (s, c) in enumerate(zip(seqs, choices)) if s.wants_records and c.token_id is not None]
         if wanted:
+            recorded = [processed_logits(rows[i], seqs[i].params, banned[i])
+                        if seqs[i].params.logprobs_mode == "processed" else rows[i] for i in wanted]
             records = build_records(
-                torch.stack([rows[i] for i in wanted]),
+                torch.stack(recorded),
                 [choices[i].token_id for i in wanted],
                 [seqs[i].params.top_logprobs for i in wanted],
                 [len(seqs[i].output_ids) for i in wanted],
@@ -58,9 +68,8 @@ class OutputProcessor:
                     choices[i].record = record
         return choices
 
-    def _choose(self, seqs: list[Sequence], rows: list[torch.Tensor]) -> list[_Choice]:
+    def _choose(self, seqs: list[Sequence], rows: list[torch.Tensor], banned: list[frozenset[int]]) -> list[_Choice]:
         choices: list[_Choice] = []
-        banned = [banned_for_step(s.params, self.end_ids, len(s.output_ids)) for s in seqs]
         # Greedy rows (the common case) are chosen in one pass; sampled ones one by one.
         plain = [i for i, s in enumerate(seqs) if s.params.is_greedy and s.params.max_tokens]
         greedy = {}

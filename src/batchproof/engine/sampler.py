@@ -36,19 +36,34 @@ def apply_penalties(logits: torch.Tensor, params: SamplingParams, seen_ids: set[
     return logits
 
 
+def _usable(logits: torch.Tensor, banned_ids: frozenset[int]) -> torch.Tensor:
+    usable = torch.where(logits.isnan(), NEG_INF, logits)
+    if banned_ids:
+        usable[torch.tensor(sorted(banned_ids), dtype=torch.int64, device=logits.device)] = NEG_INF
+    return usable
+
+
 def choose_token(logits: torch.Tensor, params: SamplingParams, banned_ids: frozenset[int],
                  generator: torch.Generator | None) -> int:
     """logits: [V] after penalties -> the chosen id. Never picks NaN or a banned id."""
-    usable = torch.where(logits.isnan(), NEG_INF, logits)
-    if banned_ids:
-        usable = usable.clone()
-        usable[torch.tensor(sorted(banned_ids), dtype=torch.int64, device=logits.device)] = NEG_INF
+    usable = _usable(logits, banned_ids)
     best = usable.max()
     if best == NEG_INF:
         raise SamplingError("no token can be chosen: every logit is NaN, -inf or banned")
     if params.is_greedy or best == float("inf"):
         return int(usable.argmax())  # the first maximum: ties (and +inf, which takes all the mass) to the lower id
-    return _sample(usable, params, generator)
+    return int(torch.multinomial(_sampled_probs(usable, params), 1, generator=generator))
+
+
+def processed_logits(logits: torch.Tensor, params: SamplingParams, banned_ids: frozenset[int]) -> torch.Tensor:
+    """logits: [V] after penalties -> [V] whose softmax is the distribution the choice was made
+    from: the bans, then (when sampling) temperature, top-k, top-p and min-p; a dropped token is
+    -inf. Greedy requests keep their logits, as vLLM's processed logprobs do: a point mass would
+    say nothing."""
+    usable = _usable(logits, banned_ids)
+    if params.is_greedy or usable.max() in (NEG_INF, float("inf")):
+        return usable
+    return _sampled_probs(usable, params).log()  # log 0 = -inf; the normaliser renormalises
 
 
 def greedy_tokens(logits: torch.Tensor, banned: list[frozenset[int]]) -> list[int | None]:
@@ -62,7 +77,8 @@ def greedy_tokens(logits: torch.Tensor, banned: list[frozenset[int]]) -> list[in
     return [None if b == NEG_INF else i for b, i in zip(best.tolist(), choice.tolist())]
 
 
-def _sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
+def _sampled_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """[V] usable logits -> the (unnormalised) probabilities multinomial draws from."""
     # The max goes first: a huge logit divided by a small temperature must not overflow.
     scaled = (logits - logits.max()) / params.temperature
     if 0 < params.top_k < scaled.shape[-1]:
@@ -76,7 +92,7 @@ def _sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Gener
         probs = probs.index_fill(0, drop, 0.0)
     if params.min_p > 0.0:
         probs = torch.where(probs < params.min_p * probs.max(), 0.0, probs)
-    return int(torch.multinomial(probs, 1, generator=generator))
+    return probs
 
 
 def banned_for_step(params: SamplingParams, end_ids: frozenset[int], num_generated: int) -> frozenset[int]:

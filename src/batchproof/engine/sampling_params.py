@@ -1,6 +1,7 @@
 """Per-request sampling settings (no torch: the server builds these from JSON)."""
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 GREEDY_BELOW = 1e-5  # a temperature under this samples greedily
 
@@ -37,6 +38,10 @@ class SamplingParams:
     top_logprobs: int | None = None
     # None: no prompt scoring; N: each prompt token's logprob and the top N before it.
     prompt_logprobs: int | None = None
+    # Which distribution the records describe: "raw" (after penalties and logit_bias, before the
+    # bans, temperature and truncation) or "processed" (the one the token was chosen from).
+    # Prompt records are always raw: no choice was made there.
+    logprobs_mode: Literal["raw", "processed"] = "raw"
 
     def __post_init__(self) -> None:
         _check(0.0 <= self.temperature <= 2.0, "temperature", f"temperature must be in [0, 2], got {self.temperature}")
@@ -63,6 +68,9 @@ class SamplingParams:
                f"top_logprobs must be >= 0, got {self.top_logprobs}")
         _check(self.prompt_logprobs is None or 0 <= self.prompt_logprobs, "prompt_logprobs",
                f"prompt_logprobs must be >= 0, got {self.prompt_logprobs}")
+
+        _check(self.logprobs_mode in ("raw", "processed"), "logprobs_mode",
+               f"logprobs_mode must be 'raw' or 'processed', got {self.logprobs_mode!r}")
 
     @property
     def is_greedy(self) -> bool:

@@ -73,6 +73,7 @@ class SpecialIds:
     eos_id: int | None
     end_of_turn_ids: frozenset[int]
     add_bos: bool
+    pad_id: int | None = None
 
 
 class Tokenizer:
@@ -114,6 +115,8 @@ class Tokenizer:
             eos_id=None if eos is None else int(eos),
             end_of_turn_ids=frozenset(int(i) for i in declared | named),
             add_bos=bool(metadata.get("tokenizer.ggml.add_bos_token", False)),
+            pad_id=None if metadata.get("tokenizer.ggml.padding_token_id") is None
+            else int(metadata["tokenizer.ggml.padding_token_id"]),
         )
 
     def encode(self, text: str, add_bos: bool = False) -> list[int]:

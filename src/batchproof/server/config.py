@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from batchproof.common.config import require
 
@@ -21,10 +22,27 @@ class ServerConfig:
     request_timeout_s: float = field(
         default=600.0, metadata={"help": "abort a request that runs longer than this"}
     )
+    max_logprobs: int = field(
+        default=20, metadata={"help": "most alternatives per token in top_logprobs, logprobs and prompt_logprobs"}
+    )
+    max_logprob_entries: int = field(
+        default=100_000,
+        metadata={"help": "most logprob entries one response may carry (counted at the worst case, tokens x "
+                          "(1 + alternatives)); bounds a reply near 5 MB"},
+    )
+    logprobs_mode: Literal["raw", "processed"] = field(
+        default="raw",
+        metadata={"help": "default logprobs: raw (after penalties, before temperature and truncation) or "
+                          "processed (the distribution sampled from)"},
+    )
 
     def __post_init__(self) -> None:
         require(0 <= self.port <= 65535, f"port must be 0..65535, got {self.port}")
         require(self.max_queue >= 1, f"max_queue must be >= 1, got {self.max_queue}")
+        require(self.max_logprobs >= 0, f"max_logprobs must be >= 0, got {self.max_logprobs}")
+        require(self.max_logprob_entries >= 1, f"max_logprob_entries must be >= 1, got {self.max_logprob_entries}")
+        require(self.logprobs_mode in ("raw", "processed"),
+                f"logprobs_mode must be raw or processed, got {self.logprobs_mode!r}")
         require(self.request_timeout_s > 0, f"request_timeout_s must be > 0, got {self.request_timeout_s}")
         require(
             self.served_model_name is None or self.served_model_name.strip() != "",

@@ -44,6 +44,11 @@ def from_validation_error(error: ValidationError) -> APIError:
     where = ".".join(loc)
     if first["type"] == "missing":
         return APIError(400, f"'{where}' is required", param=field)
+    if first["type"] == "extra_forbidden":
+        return APIError(400, f"'{where}' is not a field batchproof supports (unknown fields are refused, "
+                             "not ignored; see docs/api-fields.md)", param=field)
+    if first["type"] == "unsupported":
+        return APIError(400, f"'{where}' ({_shown(first.get('input'))}) is {first['msg']}", param=field)
     status = 400 if field in STRUCTURAL_FIELDS else 422
     return APIError(status, f"invalid value {_shown(first.get('input'))} for '{where}': {first['msg']}", param=field)
 

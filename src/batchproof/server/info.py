@@ -7,6 +7,7 @@ from functools import cache
 from pathlib import Path
 
 import batchproof
+from batchproof.engine.tokenizer import Tokenizer
 
 PACKAGE_DIR = Path(batchproof.__file__).resolve().parent
 BUILD_SUFFIXES = {".py", ".c", ".yaml", ".so"}
@@ -43,4 +44,24 @@ def server_info(engine_info: dict, served_model_name: str, server_settings: dict
         "served_model_name": served_model_name,
         **engine_info,
         "server": server_settings,
+    }
+
+
+def tokenizer_facts(tokenizer: Tokenizer, chat_template: str, max_model_len: int) -> dict:
+    """The special tokens (spelling and id), the context length and the chat template."""
+    ids = tokenizer.ids
+
+    def spelling(token_id: int | None) -> str | None:
+        return None if token_id is None else tokenizer.spelling(token_id)
+
+    return {
+        "tokenizer_class": "ByteLevelBPE (GGUF)",
+        "bos_token": spelling(ids.bos_id), "bos_token_id": ids.bos_id,
+        "eos_token": spelling(ids.eos_id), "eos_token_id": ids.eos_id,
+        "pad_token": spelling(ids.pad_id), "pad_token_id": ids.pad_id,
+        "add_bos_token": ids.add_bos,
+        "end_of_turn_token_ids": sorted(ids.end_of_turn_ids),
+        "vocab_size": tokenizer.vocab_size,
+        "model_max_length": max_model_len,
+        "chat_template": chat_template,
     }

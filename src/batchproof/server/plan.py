@@ -1,5 +1,7 @@
-"""From a validated request to engine inputs: the checks that need the model, and SamplingParams."""
+"""From a validated request to engine inputs: the checks that need the model and the server's
+limits, and one SamplingParams per choice (a request of P prompts and n choices runs P * n)."""
 
+import dataclasses
 import re
 from dataclasses import dataclass
 
@@ -8,15 +10,52 @@ from batchproof.server.engine_client import EngineClient
 from batchproof.server.errors import APIError
 from batchproof.server.protocol import SamplingFields
 
-MAX_STOP_STRINGS = 4
+MAX_CHAT_STOP_STRINGS = 4  # OpenAI's limit; lm-eval sends chat at most 4 too
+MAX_COMPLETION_STOP_STRINGS = 64  # lm-eval sends a task's whole `until` list to /v1/completions
 TOKEN_ID_KEY = re.compile(r"-?[0-9]+")  # ASCII digits only: str.isdigit() also takes "²", which int() refuses
+SEED_MODULUS = 2**64  # what torch.Generator.manual_seed takes, read as unsigned
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The server's settings a plan is checked against."""
+
+    max_batch: int  # the most choices (n) of one prompt
+    max_choices: int  # the most engine sequences one request may queue (prompts x n)
+    max_logprobs: int
+    max_logprob_entries: int
+    logprobs_mode: str  # the default when a request does not say
+
+
+@dataclass(frozen=True)
+class Choice:
+    index: int  # as the reply numbers it: prompt_index * n + the choice's place among its prompt's
+    prompt_index: int
+    params: SamplingParams
 
 
 @dataclass(frozen=True)
 class Plan:
-    prompt_ids: list[int]
-    params: SamplingParams
+    prompts: list[list[int]]
+    choices: list[Choice]
     include_usage: bool
+
+    def prompt_ids(self, choice: Choice) -> list[int]:
+        return self.prompts[choice.prompt_index]
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """What a request asks of the engine beyond sampling, as its route reads its fields."""
+
+    max_tokens: int | None
+    max_tokens_name: str
+    top_logprobs: int | None  # None: no logprobs
+    top_logprobs_name: str
+    prompt_logprobs: int | None = None
+    prompt_logprobs_name: str = "prompt_logprobs"
+    allow_zero_tokens: bool = False
+    max_stop_strings: int = MAX_CHAT_STOP_STRINGS
 
 
 def check_model(requested: str | None, served: str) -> None:
@@ -25,10 +64,18 @@ def check_model(requested: str | None, served: str) -> None:
                        param="model", code="model_not_found")
 
 
-def _stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
+def choice_seed(seed: int | None, choice: int) -> int | None:
+    """Choice 0 runs with the request's own seed (so n=1 answers as alone); choice j with seed + j,
+    as vLLM derives them, wrapped into the 64 bits a generator takes."""
+    if seed is None or choice == 0:
+        return seed
+    return (seed + choice) % SEED_MODULUS
+
+
+def _stop_strings(stop: str | list[str] | None, limit: int) -> tuple[str, ...]:
     strings = [stop] if isinstance(stop, str) else list(stop or [])
-    if len(strings) > MAX_STOP_STRINGS:
-        raise APIError(400, f"'stop' takes at most {MAX_STOP_STRINGS} strings, got {len(strings)}", param="stop")
+    if len(strings) > limit:
+        raise APIError(400, f"'stop' takes at most {limit} strings here, got {len(strings)}", param="stop")
     if any(s == "" for s in strings):
         raise APIError(400, f"'stop' strings must not be empty, got {strings!r}", param="stop")
     return tuple(strings)
@@ -61,20 +108,53 @@ def _max_tokens(requested: int | None, name: str, prompt_len: int, max_model_len
     return requested
 
 
-def plan_request(req: SamplingFields, engine: EngineClient, prompt_ids: list[int], max_tokens: int | None,
-                 max_tokens_name: str, top_logprobs: int | None, prompt_logprobs: int | None = None,
-                 allow_zero_tokens: bool = False) -> Plan:
-    if req.n not in (None, 1):
-        raise APIError(400, f"'n' must be 1 (one choice per request), got {req.n}", param="n")
+def _check_counts(req: SamplingFields, wanted: Wanted, num_prompts: int, limits: Limits) -> int:
+    n = 1 if req.n is None else req.n
+    if not 1 <= n <= limits.max_batch:
+        raise APIError(400, f"'n' must be in 1..{limits.max_batch} (the server's --max-batch), got {n}", param="n")
+    if num_prompts * n > limits.max_choices:
+        raise APIError(400, f"{num_prompts} prompts x n {n} = {num_prompts * n} sequences; this server queues at "
+                            f"most {limits.max_choices} (--max-queue)", param="prompt" if num_prompts > 1 else "n")
+    for value, name in ((wanted.top_logprobs, wanted.top_logprobs_name),
+                        (wanted.prompt_logprobs, wanted.prompt_logprobs_name)):
+        if value is not None and value > limits.max_logprobs:
+            raise APIError(400, f"'{name}' is {value}; this server returns at most {limits.max_logprobs} "
+                                f"alternatives per token (--max-logprobs {limits.max_logprobs})", param=name)
+    return n
+
+
+def _check_entries(wanted: Wanted, prompts: list[list[int]], limits_per_prompt: list[int], n: int,
+                   limits: Limits) -> None:
+    """Bound the reply: every logprob entry it could carry, counted before it runs."""
+    entries = 0
+    for prompt, max_tokens in zip(prompts, limits_per_prompt):
+        if wanted.top_logprobs is not None:
+            entries += n * max_tokens * (1 + wanted.top_logprobs)
+        if wanted.prompt_logprobs is not None:
+            entries += len(prompt) * (1 + wanted.prompt_logprobs)
+    if entries > limits.max_logprob_entries:
+        raise APIError(400, f"this request could return {entries} logprob entries, more than this server's "
+                            f"limit of {limits.max_logprob_entries} (--max-logprob-entries); lower "
+                            f"'{wanted.max_tokens_name}', '{wanted.top_logprobs_name}' or 'n'",
+                       param=wanted.top_logprobs_name if wanted.top_logprobs else wanted.max_tokens_name)
+
+
+def plan_request(req: SamplingFields, engine: EngineClient, limits: Limits, prompts: list[list[int]],
+                 wanted: Wanted) -> Plan:
     if req.stream_options is not None and not req.stream:
         raise APIError(400, "'stream_options' is only allowed when 'stream' is true", param="stream_options")
-    limit = _max_tokens(max_tokens, max_tokens_name, len(prompt_ids), engine.max_model_len, allow_zero_tokens)
+    if req.stream and wanted.prompt_logprobs is not None and req.prompt_logprobs is not None:
+        raise APIError(400, "'prompt_logprobs' is not available with 'stream': true", param="prompt_logprobs")
+    n = _check_counts(req, wanted, len(prompts), limits)
+    max_tokens = [_max_tokens(wanted.max_tokens, wanted.max_tokens_name, len(p), engine.max_model_len,
+                              wanted.allow_zero_tokens) for p in prompts]
+    _check_entries(wanted, prompts, max_tokens, n, limits)
     min_tokens = req.min_tokens or 0
-    if min_tokens > limit:
-        raise APIError(400, f"'min_tokens' ({req.min_tokens}) must not exceed '{max_tokens_name}' ({limit})",
-                       param="min_tokens")
+    if min_tokens > min(max_tokens):
+        raise APIError(400, f"'min_tokens' ({req.min_tokens}) must not exceed '{wanted.max_tokens_name}' "
+                            f"({min(max_tokens)})", param="min_tokens")
     try:
-        params = SamplingParams(
+        base = SamplingParams(
             temperature=1.0 if req.temperature is None else req.temperature,
             top_k=max(req.top_k or 0, 0),  # -1 and 0 both mean off, as in vLLM
             top_p=1.0 if req.top_p is None else req.top_p,
@@ -84,14 +164,22 @@ def plan_request(req: SamplingFields, engine: EngineClient, prompt_ids: list[int
             frequency_penalty=req.frequency_penalty or 0.0,
             logit_bias=_logit_bias(req.logit_bias, engine.tokenizer.vocab_size),
             seed=req.seed,
-            max_tokens=limit,
+            max_tokens=max_tokens[0],
             min_tokens=min_tokens,
-            stop=_stop_strings(req.stop),
+            stop=_stop_strings(req.stop, wanted.max_stop_strings),
             ignore_eos=bool(req.ignore_eos),
-            top_logprobs=top_logprobs,
-            prompt_logprobs=prompt_logprobs,
+            top_logprobs=wanted.top_logprobs,
+            prompt_logprobs=wanted.prompt_logprobs,
+            logprobs_mode=req.logprobs_mode or limits.logprobs_mode,
         )
     except SamplingParamsError as e:
         raise APIError(400, str(e), param=e.param) from None
+    choices = []
+    for p, limit in enumerate(max_tokens):
+        for j in range(n):
+            # A prompt is scored once, by its first choice; its siblings share those records.
+            params = dataclasses.replace(base, max_tokens=limit, seed=choice_seed(req.seed, j),
+                                         prompt_logprobs=base.prompt_logprobs if j == 0 else None)
+            choices.append(Choice(index=p * n + j, prompt_index=p, params=params))
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    return Plan(prompt_ids=prompt_ids, params=params, include_usage=include_usage)
+    return Plan(prompts=prompts, choices=choices, include_usage=include_usage)

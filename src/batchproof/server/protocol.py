@@ -4,8 +4,12 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-TopLogprobs = Annotated[StrictInt, Field(ge=0, le=20)]
-LegacyLogprobs = Annotated[StrictInt, Field(ge=0, le=5)]
+from batchproof.server.fields import NO_TOOLS, refused
+
+# The upper bound is the server's --max-logprobs, checked when the request is planned.
+NumLogprobs = Annotated[StrictInt, Field(ge=0)]
+LogprobsMode = Literal["raw", "processed"]
+TokenIds = list[StrictInt]
 Probability = Annotated[float, Field(gt=0.0, le=1.0)]
 Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
@@ -14,8 +18,8 @@ Seed = Annotated[StrictInt, Field(ge=-(2**63), le=2**64 - 1)]
 
 
 class _Strict(BaseModel):
-    # Unknown fields are ignored, as OpenAI-compatible servers do; known ones are typed strictly.
-    model_config = ConfigDict(strict=True, extra="ignore")
+    # Unknown fields are refused (fields.py says why); known ones are typed strictly.
+    model_config = ConfigDict(strict=True, extra="forbid")
 
 
 class TextPart(_Strict):
@@ -26,6 +30,11 @@ class TextPart(_Strict):
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant"]
     content: StrictStr | list[TextPart]
+    name: StrictStr | None = None  # accepted and ignored: chat templates do not read it
+    # What a client echoes back from an earlier reply: fine while empty.
+    tool_calls: refused(NO_TOOLS, allowed=([],)) = None
+    function_call: refused(NO_TOOLS) = None
+    refusal: refused("refusals are not produced") = None
 
     def text(self) -> str:
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
@@ -37,6 +46,7 @@ class ChatMessage(_Strict):
 
 class StreamOptions(_Strict):
     include_usage: StrictBool = False
+    include_obfuscation: StrictBool | None = None  # accepted and ignored: padding against side channels
 
 
 class SamplingFields(_Strict):
@@ -54,7 +64,17 @@ class SamplingFields(_Strict):
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     logit_bias: dict[StrictStr, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
+    # batchproof's own: which distribution logprobs describe (default: the server's --logprobs-mode)
+    logprobs_mode: LogprobsMode | None = None
+    prompt_logprobs: NumLogprobs | None = None  # vLLM's: each prompt token's logprob and top K
+    # Accepted and ignored on purpose (fields.IGNORED_FIELDS)
     user: StrictStr | None = None
+    metadata: dict[StrictStr, StrictStr] | None = None
+    store: StrictBool | None = None
+    service_tier: StrictStr | None = None
+    prompt_cache_key: StrictStr | None = None
+    safety_identifier: StrictStr | None = None
+    parallel_tool_calls: StrictBool | None = None
     # vLLM / llama.cpp extensions
     top_k: Annotated[StrictInt, Field(ge=-1)] | None = None
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
@@ -67,21 +87,43 @@ class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage]
     max_completion_tokens: StrictInt | None = None
     logprobs: StrictBool | None = None
-    top_logprobs: TopLogprobs | None = None
+    top_logprobs: NumLogprobs | None = None
+    # Known and not implemented: a 400 naming the field unless it asks for nothing.
+    tools: refused(NO_TOOLS, allowed=([],)) = None
+    tool_choice: refused(NO_TOOLS, allowed=("none",)) = None
+    functions: refused(NO_TOOLS, allowed=([],)) = None
+    function_call: refused(NO_TOOLS, allowed=("none",)) = None
+    response_format: refused("only plain text replies", allowed=({"type": "text"},)) = None
+    modalities: refused("only text", allowed=(["text"],)) = None
+    audio: refused("only text") = None
+    prediction: refused("predicted outputs are not implemented") = None
+    reasoning_effort: refused("the model has no reasoning setting") = None
+    verbosity: refused("the model has no verbosity setting") = None
+    web_search_options: refused("web search is not implemented") = None
 
 
 class CompletionRequest(SamplingFields):
-    prompt: StrictStr | list[StrictInt] | list[StrictStr]
-    logprobs: LegacyLogprobs | None = None
+    # A string, strings, token ids, or lists of token ids: one choice (or n) per prompt.
+    prompt: StrictStr | list[StrictStr] | TokenIds | list[TokenIds]
+    logprobs: NumLogprobs | None = None
     echo: StrictBool | None = None
+    best_of: refused("best_of above 1 is not implemented; use n", allowed=(1,)) = None
+    suffix: refused("insertion (suffix) is not implemented", allowed=("",)) = None
 
 
 class TokenizeRequest(_Strict):
+    """vLLM's /tokenize (and llama.cpp's `content`)."""
+
+    model: StrictStr | None = None
     prompt: StrictStr | None = None
     content: StrictStr | None = None  # llama.cpp's name for prompt
     messages: list[ChatMessage] | None = None
     add_generation_prompt: StrictBool = True
+    # As vLLM: the tokenizer's BOS for a prompt (default true); for messages the template writes it (false)
+    add_special_tokens: StrictBool | None = None
+    return_token_strs: StrictBool = False
 
 
 class DetokenizeRequest(_Strict):
+    model: StrictStr | None = None
     tokens: list[StrictInt]

@@ -11,9 +11,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from batchproof.common.wire import SSE_DONE, sse
 from batchproof.engine.async_engine import AsyncEngine
+from batchproof.engine.sampling_params import SamplingParams
 from batchproof.engine.sequence import RequestOutput
 from batchproof.server.errors import APIError, count_mismatch
-from batchproof.server.formatting import ReplyFormatter
+from batchproof.server.formatting import Delta, ReplyFormatter
+from batchproof.server.merge import merge
 from batchproof.server.metrics import Metrics
 from batchproof.server.plan import Plan
 from batchproof.server.state import ServerState
@@ -25,12 +27,13 @@ def new_request_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def admit(engine: AsyncEngine, max_queue: int) -> None:
+def admit(engine: AsyncEngine, max_queue: int, num_sequences: int = 1) -> None:
     if engine.failure is not None:
         raise APIError(503, f"the engine stopped ({type(engine.failure).__name__}: {engine.failure}); "
                             "restart the server", type_="service_unavailable")
-    if engine.num_waiting >= max_queue:
-        raise APIError(429, f"the queue is full ({engine.num_waiting} requests waiting, max_queue={max_queue}); "
+    if engine.num_waiting + num_sequences > max_queue:
+        raise APIError(429, f"the queue is full ({engine.num_waiting} sequences waiting, {num_sequences} more "
+                            f"asked, max_queue={max_queue}); "
                             "retry later", type_="rate_limit_error", headers={"Retry-After": str(QUEUE_RETRY_AFTER_S)})
 
 
@@ -46,14 +49,14 @@ def timeout_error(timeout_s: float) -> APIError:
     return APIError(504, f"request timed out after {timeout_s:g} s", type_="timeout_error")
 
 
-async def deltas(engine: AsyncEngine, metrics: Metrics, request_id: str, plan: Plan, timeout_s: float
-                 ) -> AsyncIterator[RequestOutput]:
-    """The request's deltas, ending with its final one; TimeoutError past the deadline."""
+async def deltas(engine: AsyncEngine, metrics: Metrics, request_id: str, prompt_ids: list[int],
+                 params: SamplingParams, timeout_s: float) -> AsyncIterator[RequestOutput]:
+    """One sequence's deltas, ending with its final one; TimeoutError past the deadline."""
     arrival = time.perf_counter()
     last_token_time: float | None = None
     num_tokens = 0
-    metrics.prompt_tokens.inc(len(plan.prompt_ids))
-    async with contextlib.aclosing(engine.generate(request_id, plan.prompt_ids, plan.params)) as stream:
+    metrics.prompt_tokens.inc(len(prompt_ids))
+    async with contextlib.aclosing(engine.generate(request_id, prompt_ids, params)) as stream:
         async with asyncio.timeout(timeout_s):
             async for out in stream:
                 if out.num_output_tokens > num_tokens:
@@ -70,17 +73,20 @@ async def deltas(engine: AsyncEngine, metrics: Metrics, request_id: str, plan: P
 CLIENT_GONE = 499  # nginx's "client closed request": logged and counted, never sent
 
 
-def submit(state: ServerState, plan: Plan, id_prefix: str) -> tuple[str, AsyncIterator[RequestOutput]]:
-    """Admit a planned request (or refuse it: 429, 503) -> its id and its stream of deltas."""
-    admit(state.async_engine, state.config.max_queue)
+def submit(state: ServerState, plan: Plan, id_prefix: str) -> tuple[str, AsyncIterator[Delta]]:
+    """Admit a planned request (or refuse it: 429, 503) -> its id and the deltas of all its choices."""
+    admit(state.async_engine, state.config.max_queue, len(plan.choices))
     request_id = new_request_id(id_prefix)
-    return request_id, deltas(state.async_engine, state.metrics, request_id, plan, state.config.request_timeout_s)
+    streams = {choice.index: deltas(state.async_engine, state.metrics, f"{request_id}-{choice.index}",
+                                    plan.prompt_ids(choice), choice.params, state.config.request_timeout_s)
+               for choice in plan.choices}
+    return request_id, merge(streams)
 
 
-async def collect(request: Request, stream: AsyncIterator[RequestOutput]) -> list[RequestOutput] | None:
+async def collect(request: Request, stream: AsyncIterator[Delta]) -> list[Delta] | None:
     """Every delta of an unstreamed request; None if the client hung up (which aborts it)."""
 
-    async def gather() -> list[RequestOutput]:
+    async def gather() -> list[Delta]:
         async with contextlib.aclosing(stream):
             return [out async for out in stream]
 
@@ -100,49 +106,54 @@ async def collect(request: Request, stream: AsyncIterator[RequestOutput]) -> lis
     return work.result()
 
 
-async def reply(request: Request, stream: AsyncIterator[RequestOutput], timeout_s: float, is_streamed: bool,
+async def reply(request: Request, stream: AsyncIterator[Delta], timeout_s: float, is_streamed: bool,
                 formatter: ReplyFormatter) -> Response:
     """The response for one request: an SSE stream of its chunks, or the whole reply."""
     if is_streamed:
         return StreamingResponse(sse_events(stream, timeout_s, formatter), media_type="text/event-stream")
     try:
-        outputs = await collect(request, stream)
+        deltas = await collect(request, stream)
     except TimeoutError:
         raise timeout_error(timeout_s) from None
-    if outputs is None:
+    if deltas is None:
         return Response(status_code=CLIENT_GONE)
-    error = engine_error(outputs[-1], timeout_s)
-    if error is not None:
-        raise error
-    return JSONResponse(formatter.whole(outputs))
+    by_choice: dict[int, list[RequestOutput]] = {}
+    for index, out in deltas:
+        by_choice.setdefault(index, []).append(out)
+    for outputs in by_choice.values():
+        error = engine_error(outputs[-1], timeout_s)
+        if error is not None:
+            raise error
+    return JSONResponse(formatter.whole([by_choice[i] for i in sorted(by_choice)]))
 
 
-async def sse_events(stream: AsyncIterator[RequestOutput], timeout_s: float,
+async def sse_events(stream: AsyncIterator[Delta], timeout_s: float,
                      formatter: ReplyFormatter) -> AsyncIterator[bytes]:
     """The first chunks, then one chunk per delta that carries text or the finish, then
-    usage and [DONE]; an error, a timeout or a reply whose records do not number its
+    usage and [DONE]; an error, a timeout or a choice whose records do not number its
     tokens ends the stream with an error event and no [DONE]."""
     for event in formatter.first_chunks():
         yield sse(event)
-    num_records, last = 0, None
+    num_records: dict[int, int] = {}
+    lasts: dict[int, RequestOutput] = {}
     try:
         async with contextlib.aclosing(stream):
-            async for out in stream:
+            async for index, out in stream:
                 error = engine_error(out, timeout_s)
                 if error is None and formatter.wants_records:
-                    num_records += len(out.records)
-                    if out.finish_reason is not None and num_records != out.num_kept_tokens:
-                        error = count_mismatch(num_records, out.num_kept_tokens)
+                    num_records[index] = num_records.get(index, 0) + len(out.records)
+                    if out.finish_reason is not None and num_records[index] != out.num_kept_tokens:
+                        error = count_mismatch(num_records[index], out.num_kept_tokens)
                 if error is not None:
                     yield sse(error.body())
                     return
                 if out.text or out.finish_reason is not None:
-                    yield sse(formatter.chunk(out))
-                last = out
+                    yield sse(formatter.chunk(index, out))
+                lasts[index] = out
     except TimeoutError:
         yield sse(timeout_error(timeout_s).body())
         return
-    usage_chunk = formatter.usage_chunk(last)
+    usage_chunk = formatter.usage_chunk([lasts[i] for i in sorted(lasts)])
     if usage_chunk is not None:
         yield sse(usage_chunk)
     yield SSE_DONE

@@ -12,6 +12,7 @@ from batchproof.server.config import ServerConfig
 from batchproof.server.engine_client import EngineClient
 from batchproof.server.errors import APIError, from_validation_error
 from batchproof.server.metrics import Metrics
+from batchproof.server.plan import Limits
 
 Model = TypeVar("Model", bound=BaseModel)
 
@@ -34,6 +35,12 @@ class ServerState:
             raise APIError(503, "the model is still loading", type_="service_unavailable",
                            headers={"Retry-After": "1"})
         return self.async_engine.engine
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(max_batch=self.engine_config.max_batch, max_choices=self.config.max_queue,
+                      max_logprobs=self.config.max_logprobs, max_logprob_entries=self.config.max_logprob_entries,
+                      logprobs_mode=self.config.logprobs_mode)
 
 
 def parse_body(model: type[Model], body: bytes) -> Model:

@@ -4,6 +4,8 @@ from typing import Protocol
 
 from batchproof.engine.sequence import RequestOutput
 
+Delta = tuple[int, RequestOutput]  # (choice index, that choice's delta)
+
 
 class ReplyFormatter(Protocol):
     """How one endpoint shapes one request's deltas; the runner drives it for both the
@@ -14,11 +16,12 @@ class ReplyFormatter(Protocol):
     def first_chunks(self) -> list[dict]:
         """What a stream opens with, before any delta."""
 
-    def chunk(self, out: RequestOutput) -> dict:
-        """One delta as a stream chunk (it carries text or the finish)."""
+    def chunk(self, index: int, out: RequestOutput) -> dict:
+        """One delta of choice `index` as a stream chunk (it carries text or the finish)."""
 
-    def usage_chunk(self, last: RequestOutput) -> dict | None:
-        """The stream's closing usage chunk, or None when the client did not ask for it."""
+    def usage_chunk(self, lasts: list[RequestOutput]) -> dict | None:
+        """The stream's closing usage chunk (from each choice's last delta), or None when not asked for."""
 
-    def whole(self, outputs: list[RequestOutput]) -> dict:
-        """Every delta as one reply; raises APIError when the logprobs do not number the tokens."""
+    def whole(self, outputs: list[list[RequestOutput]]) -> dict:
+        """Every delta of every choice (in index order) as one reply; raises APIError when the
+        logprobs do not number the tokens."""

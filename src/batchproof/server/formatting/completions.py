@@ -1,53 +1,78 @@
-"""The legacy text_completion reply and stream, with echo and prompt scoring."""
+"""The legacy text_completion reply and stream, with echo, prompt scoring and several prompts."""
 
 import time
+from dataclasses import dataclass
 
 from batchproof.engine.sequence import RequestOutput
 from batchproof.engine.tokenizer import Tokenizer
 from batchproof.server.errors import count_mismatch
-from batchproof.server.formatting.entries import TextOffsets, legacy_logprobs, usage
+from batchproof.server.formatting.entries import TextOffsets, legacy_logprobs, prompt_logprobs, summed_usage
+
+
+@dataclass(frozen=True)
+class CompletionsShape:
+    """What the request asked to see: the same for every choice."""
+
+    num_logprobs: int | None  # `logprobs`: None for no logprobs
+    echo: bool
+    num_prompt_logprobs: int | None  # vLLM's prompt_logprobs
+    include_usage: bool
 
 
 class CompletionsFormatter:
-    def __init__(self, request_id: str, model: str, tokenizer: Tokenizer, prompt_ids: list[int],
-                 wants_records: bool, echo: bool, include_usage: bool) -> None:
+    def __init__(self, request_id: str, model: str, tokenizer: Tokenizer, prompts: list[list[int]], n: int,
+                 shape: CompletionsShape) -> None:
         self.base = {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": model}
         self.tokenizer = tokenizer
-        self.prompt_ids = prompt_ids
-        self.wants_records = wants_records
-        self.echo = echo
-        self.include_usage = include_usage
-        self.offsets = TextOffsets(tokenizer)  # one running count of characters across a stream's chunks
+        self.prompts = prompts
+        self.n = n
+        self.shape = shape
+        self.wants_records = shape.num_logprobs is not None
+        self.include_usage = shape.include_usage
+        # One running count of characters per choice, across a stream's chunks.
+        self.offsets = [TextOffsets(tokenizer) for _ in range(len(prompts) * n)]
 
     def first_chunks(self) -> list[dict]:
         return []
 
-    def chunk(self, out: RequestOutput) -> dict:
-        choice: dict = {"index": 0, "text": out.text, "finish_reason": out.finish_reason, "logprobs": None}
+    def chunk(self, index: int, out: RequestOutput) -> dict:
+        choice: dict = {"index": index, "text": out.text, "finish_reason": out.finish_reason, "logprobs": None}
         if self.wants_records:
             token_ids = [r.token_id for r in out.records]
-            choice["logprobs"] = legacy_logprobs(self.tokenizer, out.records, token_ids, self.offsets)
+            choice["logprobs"] = legacy_logprobs(self.tokenizer, out.records, token_ids, self.offsets[index],
+                                                 self.shape.num_logprobs)
         return {**self.base, "choices": [choice]}
 
-    def usage_chunk(self, last: RequestOutput) -> dict | None:
+    def usage_chunk(self, lasts: list[RequestOutput]) -> dict | None:
         if not self.include_usage:
             return None
-        return {**self.base, "choices": [], "usage": usage(last.num_prompt_tokens, last.num_output_tokens)}
+        return {**self.base, "choices": [], "usage": summed_usage(lasts, self.n)}
 
-    def whole(self, outputs: list[RequestOutput]) -> dict:
+    def _choice(self, index: int, outputs: list[RequestOutput], scored: list) -> dict:
         last = outputs[-1]
-        prefix = self.tokenizer.decode(self.prompt_ids) if self.echo else ""
-        choice: dict = {"index": 0, "text": prefix + "".join(o.text for o in outputs),
+        prompt_ids = self.prompts[index // self.n]
+        prefix = self.tokenizer.decode(prompt_ids) if self.shape.echo else ""
+        choice: dict = {"index": index, "text": prefix + "".join(o.text for o in outputs),
                         "finish_reason": last.finish_reason, "logprobs": None}
         if self.wants_records:
             records = [r for o in outputs for r in o.records]
             if len(records) != last.num_kept_tokens:
                 raise count_mismatch(len(records), last.num_kept_tokens)
             token_ids = [r.token_id for r in records]
-            scored: list = []
-            if self.echo:  # the first prompt token has nothing before it to be scored from
-                scored = outputs[0].prompt_records or [None] * len(self.prompt_ids)
-                token_ids = self.prompt_ids + token_ids
-            choice["logprobs"] = legacy_logprobs(self.tokenizer, scored + records, token_ids,
-                                                 TextOffsets(self.tokenizer))
-        return {**self.base, "choices": [choice], "usage": usage(last.num_prompt_tokens, last.num_output_tokens)}
+            if self.shape.echo:  # the first prompt token has nothing before it to be scored from
+                records, token_ids = scored + records, prompt_ids + token_ids
+            choice["logprobs"] = legacy_logprobs(self.tokenizer, records, token_ids, TextOffsets(self.tokenizer),
+                                                 self.shape.num_logprobs)
+        if self.shape.num_prompt_logprobs is not None:
+            choice["prompt_logprobs"] = prompt_logprobs(self.tokenizer, prompt_ids, scored,
+                                                        self.shape.num_prompt_logprobs)
+        return choice
+
+    def whole(self, outputs: list[list[RequestOutput]]) -> dict:
+        choices = []
+        for index, choice_outputs in enumerate(outputs):
+            # A prompt is scored by its first choice; its siblings show the same records.
+            first = outputs[index - index % self.n][0]
+            scored = first.prompt_records or [None] * len(self.prompts[index // self.n])
+            choices.append(self._choice(index, choice_outputs, scored))
+        return {**self.base, "choices": choices, "usage": summed_usage([o[-1] for o in outputs], self.n)}

@@ -2,6 +2,7 @@
 
 from batchproof.common.wire import wire_logprob
 from batchproof.engine.logprobs import TokenRecord
+from batchproof.engine.sequence import RequestOutput
 from batchproof.engine.tokenizer import Tokenizer, incremental_utf8_decoder
 
 
@@ -37,8 +38,9 @@ class TextOffsets:
 
 
 def legacy_logprobs(tokenizer: Tokenizer, records: list[TokenRecord | None], token_ids: list[int],
-                    offsets: TextOffsets) -> dict:
-    """The /v1/completions shape; a None record (the first prompt token) scores as null."""
+                    offsets: TextOffsets, top_n: int | None = None) -> dict:
+    """The /v1/completions shape; a None record (the first prompt token) scores as null.
+    top_n: how many alternatives to show (records may hold more, kept for prompt_logprobs)."""
     tokens, token_logprobs, top_logprobs, text_offset = [], [], [], []
     for token_id, record in zip(token_ids, records):
         tokens.append(_token(tokenizer, token_id)[0])
@@ -48,11 +50,38 @@ def legacy_logprobs(tokenizer: Tokenizer, records: list[TokenRecord | None], tok
             top_logprobs.append(None)
             continue
         token_logprobs.append(wire_logprob(record.logprob))
-        top_logprobs.append({_token(tokenizer, alt.token_id)[0]: wire_logprob(alt.logprob) for alt in record.top})
+        top_logprobs.append({_token(tokenizer, alt.token_id)[0]: wire_logprob(alt.logprob)
+                             for alt in record.top[:top_n]})
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
             "text_offset": text_offset}
+
+
+def prompt_logprobs(tokenizer: Tokenizer, prompt_ids: list[int], records: list[TokenRecord | None],
+                    top_n: int) -> list[dict | None]:
+    """vLLM's `prompt_logprobs`: per prompt token, null for the first, else {id: {logprob, rank,
+    decoded_token}} for the token itself, then its top_n alternatives. rank is the 1-based place in
+    our order (ties to the lower id), null when the token is outside the alternatives kept."""
+    result: list[dict | None] = []
+    for token_id, record in zip(prompt_ids, records):
+        if record is None:
+            result.append(None)
+            continue
+        rank = next((r + 1 for r, alt in enumerate(record.top) if alt.token_id == token_id), None)
+        entry = {str(token_id): {"logprob": wire_logprob(record.logprob), "rank": rank,
+                                 "decoded_token": _token(tokenizer, token_id)[0]}}
+        for r, alt in enumerate(record.top[:top_n]):
+            entry.setdefault(str(alt.token_id), {"logprob": wire_logprob(alt.logprob), "rank": r + 1,
+                                                 "decoded_token": _token(tokenizer, alt.token_id)[0]})
+        result.append(entry)
+    return result
 
 
 def usage(num_prompt: int, num_completion: int) -> dict:
     return {"prompt_tokens": num_prompt, "completion_tokens": num_completion,
             "total_tokens": num_prompt + num_completion}
+
+
+def summed_usage(lasts: list[RequestOutput], n: int) -> dict:
+    """Usage of a request's choices (each one's last delta, in index order): each prompt counted
+    once (its n choices share it), every choice's completion counted."""
+    return usage(sum(out.num_prompt_tokens for out in lasts[::n]), sum(out.num_output_tokens for out in lasts))

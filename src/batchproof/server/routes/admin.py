@@ -6,7 +6,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from batchproof.server.errors import APIError
-from batchproof.server.info import server_info
+from batchproof.server.info import server_info, tokenizer_facts
+from batchproof.server.plan import check_model
 from batchproof.server.protocol import DetokenizeRequest, TokenizeRequest
 from batchproof.server.state import ServerState, parse_body
 
@@ -54,8 +55,11 @@ async def metrics(request: Request) -> Response:
 
 @router.post("/tokenize")
 async def tokenize(request: Request) -> dict:
+    """As vLLM's: add_special_tokens (the tokenizer's BOS) defaults to true for a prompt and to
+    false for messages, whose template writes its own."""
     state = _state(request)
     req = parse_body(TokenizeRequest, await request.body())
+    check_model(req.model, state.served_model_name)
     engine = state.engine
     if req.messages is not None:
         messages = [m.for_template() for m in req.messages]
@@ -64,14 +68,26 @@ async def tokenize(request: Request) -> dict:
         text = req.prompt if req.prompt is not None else req.content
     else:
         raise APIError(400, "give 'prompt' (or 'content') or 'messages'", param="prompt")
-    tokens = engine.tokenizer.encode(text, add_bos=engine.tokenizer.ids.add_bos and req.messages is None)
-    return {"tokens": tokens, "count": len(tokens), "max_model_len": engine.max_model_len}
+    add_special = req.add_special_tokens if req.add_special_tokens is not None else req.messages is None
+    tokens = engine.tokenizer.encode(text, add_bos=engine.tokenizer.ids.add_bos and add_special)
+    reply = {"tokens": tokens, "count": len(tokens), "max_model_len": engine.max_model_len, "token_strs": None}
+    if req.return_token_strs:
+        reply["token_strs"] = [engine.tokenizer.token_text(t) for t in tokens]
+    return reply
+
+
+@router.get("/tokenizer_info")
+async def tokenizer_info(request: Request) -> dict:
+    """What vLLM's /tokenizer_info gives and lm-eval's remote tokenizer reads."""
+    engine = _state(request).engine
+    return tokenizer_facts(engine.tokenizer, engine.chat_template.source, engine.max_model_len)
 
 
 @router.post("/detokenize")
 async def detokenize(request: Request) -> dict:
     state = _state(request)
     req = parse_body(DetokenizeRequest, await request.body())
+    check_model(req.model, state.served_model_name)
     vocab = state.engine.tokenizer.vocab_size
     bad = [t for t in req.tokens if not 0 <= t < vocab]
     if bad:
@@ -82,8 +98,10 @@ async def detokenize(request: Request) -> dict:
 @router.get("/v1/server_info")
 async def info(request: Request) -> dict:
     state = _state(request)
-    settings = {"max_queue": state.config.max_queue, "request_timeout_s": state.config.request_timeout_s,
-                "api_key_required": state.config.api_key is not None}
+    config = state.config
+    settings = {"max_queue": config.max_queue, "request_timeout_s": config.request_timeout_s,
+                "api_key_required": config.api_key is not None, "logprobs_mode": config.logprobs_mode,
+                "max_logprobs": config.max_logprobs, "max_logprob_entries": config.max_logprob_entries}
     return server_info(state.engine.info(), state.served_model_name, settings)
 
 

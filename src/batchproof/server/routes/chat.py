@@ -5,7 +5,7 @@ from fastapi.responses import Response
 
 from batchproof.server.errors import APIError
 from batchproof.server.formatting.chat import ChatFormatter
-from batchproof.server.plan import Plan, check_model, plan_request
+from batchproof.server.plan import Plan, Wanted, check_model, plan_request
 from batchproof.server.protocol import ChatCompletionRequest
 from batchproof.server.runner import reply, submit
 from batchproof.server.state import ServerState, parse_body
@@ -26,7 +26,8 @@ def _plan(req: ChatCompletionRequest, state: ServerState) -> Plan:
     max_tokens, name = ((req.max_completion_tokens, "max_completion_tokens") if req.max_completion_tokens is not None
                         else (req.max_tokens, "max_tokens"))
     top_logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    return plan_request(req, engine, prompt_ids, max_tokens, name, top_logprobs)
+    wanted = Wanted(max_tokens, name, top_logprobs, "top_logprobs", prompt_logprobs=req.prompt_logprobs)
+    return plan_request(req, engine, state.limits, [prompt_ids], wanted)
 
 
 @router.post("/v1/chat/completions", response_model=None)
@@ -35,6 +36,7 @@ async def chat_completions(request: Request) -> Response:
     req = parse_body(ChatCompletionRequest, await request.body())
     plan = _plan(req, state)
     request_id, stream = submit(state, plan, "chatcmpl")
-    formatter = ChatFormatter(request_id, state.served_model_name, state.engine.tokenizer,
-                              wants_records=plan.params.top_logprobs is not None, include_usage=plan.include_usage)
+    formatter = ChatFormatter(request_id, state.served_model_name, state.engine.tokenizer, len(plan.choices),
+                              wants_records=req.logprobs is True, include_usage=plan.include_usage,
+                              prompt_ids=plan.prompts[0], num_prompt_logprobs=req.prompt_logprobs)
     return await reply(request, stream, state.config.request_timeout_s, bool(req.stream), formatter)
