@@ -8,7 +8,7 @@ from batchproof.probe.config import add_config_arguments, config_from_args
 from batchproof.probe.display import ProgressDisplay, report_lines
 from batchproof.probe.matrix import MatrixError, load_matrix
 from batchproof.probe.prompts import PromptsError
-from batchproof.probe.run import Prober
+from batchproof.probe.run import Prober, fired_prompts
 from batchproof.probe.witness import build_witness, identify, write_witness
 
 EXIT_CODES = {"PASS": 0, "FAIL": 5, "UNMEASURABLE": 8}
@@ -45,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
         prompts = config.prompt_set()
     except PromptsError as err:
         return _fail(str(err), EXIT_BAD_ARGUMENT)
+    prompts = fired_prompts(config, matrix, prompts)
     try:
         identity = identify(config)
     except OSError as err:

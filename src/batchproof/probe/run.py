@@ -29,6 +29,12 @@ from batchproof.probe.verdict import (
 from batchproof.probe.witness import RunRecord, SlotRecord, band_record
 
 
+def fired_prompts(config: ProbeConfig, matrix: Matrix, prompts: tuple[str, ...]) -> tuple[str, ...]:
+    """The prompts a run fires: slot i of a mixed band asks prompt i (cycling), so only the
+    first max(ladder) are used (and referenced); identical mode fires one."""
+    return prompts[: max(matrix.ladder)] if config.is_mixed else prompts[:1]
+
+
 def headers(config: ProbeConfig) -> dict[str, str]:
     return {} if config.api_key is None else {"Authorization": f"Bearer {config.api_key}"}
 
@@ -67,9 +73,7 @@ class Prober:
         self.matrix = matrix
         self.progress = progress
         self.policy = Policy(matrix.n_predict, matrix.min_agree_tokens, matrix.max_constant_run)
-        # Mixed bands give slot i prompt i (cycling); only the prompts a band will use are referenced.
-        prompts = prompts or config.prompt_set()
-        self.prompts = prompts[: max(matrix.ladder)] if config.is_mixed else prompts[:1]
+        self.prompts = fired_prompts(config, matrix, prompts or config.prompt_set())
 
     async def run(self) -> RunRecord:
         config = self.config
