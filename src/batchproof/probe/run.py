@@ -58,8 +58,18 @@ def slot_record(prompt: int, result: StreamResult, reference: StreamResult, n_pr
         divergence, margin = slot_divergence(ref.identities, ref.margins, sample(result).identities)
         parity = compare(reference.logprob_vectors(), result.logprob_vectors(), divergence)
     return SlotRecord(
-        result.completion_tokens, result.finish_reason, refused, result.decode_tok_s, prompt, mode, conflict,
-        divergence, margin, parity.max_abs_diff, parity.is_bitwise_equal, parity.first_diff_at,
+        completion_tokens=result.completion_tokens,
+        finish_reason=result.finish_reason,
+        refused=refused,
+        decode_tok_s=result.decode_tok_s,
+        prompt=prompt,
+        stream_mode=mode,
+        stream_mode_conflict=conflict,
+        divergence_at=divergence,
+        top2_margin_at_divergence=margin,
+        logprob_max_abs_diff=parity.max_abs_diff,
+        logprobs_bitwise_equal=parity.is_bitwise_equal,
+        logprob_first_diff_at=parity.first_diff_at,
     )
 
 
