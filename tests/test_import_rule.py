@@ -3,8 +3,9 @@
     common  <- engine <- server <- commands (and cli)
     common  <- probe
     common  <- check
+    common, check <- report
 
-`common`, `probe` and `check` import neither torch nor numpy, not even through another
+`common`, `probe`, `check` and `report` import neither torch nor numpy, not even through another
 module of ours; the engine never imports the server; the probe and the check never
 import each other. A new module is covered by where it is put.
 """
@@ -25,10 +26,11 @@ ALLOWED = {
     "server": {"common", "engine", "server"},
     "probe": {"common", "probe"},
     "check": {"common", "check"},
-    "commands": {"common", "engine", "server", "probe", "check", "commands"},
+    "report": {"common", "check", "report"},
+    "commands": {"common", "engine", "server", "probe", "check", "report", "commands"},
     "cli": {"commands"},
 }
-TORCH_FREE = {"common", "probe", "check"}
+TORCH_FREE = {"common", "probe", "check", "report"}
 HEAVY = {"torch", "numpy"}
 
 
@@ -135,8 +137,9 @@ def test_probe_check_and_cli_run_without_torch_or_numpy():
     """At run time, with torch and numpy unimportable: the probe, the check and the CLI's
     parser (every verb's flags) load, and neither heavy module was even attempted."""
     code = BLOCK_HEAVY + (
-        "import pkgutil, importlib, batchproof.probe, batchproof.check, batchproof.common, batchproof.cli\n"
-        "for pkg in (batchproof.probe, batchproof.check, batchproof.common):\n"
+        "import pkgutil, importlib, batchproof.probe, batchproof.check, batchproof.common, batchproof.report\n"
+        "import batchproof.cli\n"
+        "for pkg in (batchproof.probe, batchproof.check, batchproof.common, batchproof.report):\n"
         "    for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + '.'):\n"
         "        importlib.import_module(m.name)\n"
         "batchproof.cli.build_parser()\n"

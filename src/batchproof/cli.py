@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "probe": ("batchproof.commands.probe", "measure a server's batch parity and write a witness"),
     "check": ("batchproof.commands.check", "judge a witness against the serving-shape contract"),
     "witness": ("batchproof.commands.witness", "serve, probe and check in one command"),
+    "report": ("batchproof.commands.report", "write a witness and its check as one HTML page"),
 }
 
 

@@ -125,7 +125,8 @@ def test_typed_witness_keeps_only_the_judged_keys_and_makes_numbers_floats():
     assert typed["model"] == witness["model"]
     band = typed["bands"][C4]
     assert sorted(band) == sorted(["c", "result", "m_formed", "divergence_at", "declared_min",
-                                   "top2_margin_at_divergence", "decode_tok_s"])
+                                   "top2_margin_at_divergence", "decode_tok_s", "divergence_slot",
+                                   "logprob_max_abs_diff", "logprobs_bitwise_equal", "slots"])
     assert band["decode_tok_s"] == 30.0 and isinstance(band["decode_tok_s"], float)
     assert band["top2_margin_at_divergence"] == 0.0 and isinstance(band["top2_margin_at_divergence"], float)
     assert typed["bands"][C1]["top2_margin_at_divergence"] is None

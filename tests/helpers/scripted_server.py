@@ -97,6 +97,12 @@ class Script:
     short_by: int = 0  # generate this many fewer tokens than asked
     status: int = 200  # answer every completion with this status when not 200
     drop_request: int | None = None  # this request's stream ends after 3 tokens, without usage
+    is_buffered: bool = False  # generate the whole reply, then send it in one write
+    # From this step on, in a batch of different prompts, the request with the longest prompt
+    # takes other tokens (with a wide margin): a server that is invariant only for identical batches.
+    mixed_divergence_at: int | None = None
+    # Batched logprobs move by this much (tokens unchanged): a batch-variant reduction order.
+    batched_logprob_shift: float = 0.0
 
 
 @dataclass
@@ -105,6 +111,7 @@ class State:
     requests: list[dict[str, Any]] = field(default_factory=list)
     authorizations: list[str | None] = field(default_factory=list)
     active: int = 0
+    active_prompts: list[str] = field(default_factory=list)
     batch_max: int = 0
     batch_start: float = 0.0
     batches: list[int] = field(default_factory=list)
@@ -155,14 +162,51 @@ def chunk(choice: dict[str, Any] | None, **extra: Any) -> str:
     return f"data: {json.dumps(body)}\n\n"
 
 
-async def generate(state: State, request_no: int, max_tokens: int) -> AsyncIterator[str]:
+def legacy_chunk(text: str, entries: list[dict[str, Any]], finish: str | None) -> str:
+    """A /v1/completions chunk: text, and the legacy parallel-lists logprobs."""
+    logprobs = {
+        "tokens": [e["token"] for e in entries],
+        "token_logprobs": [e["logprob"] for e in entries],
+        "top_logprobs": [{t["token"]: t["logprob"] for t in e.get("top_logprobs", [])} for e in entries],
+        "text_offset": [0 for _ in entries],
+    }
+    choice = {"index": 0, "text": text, "logprobs": logprobs if entries else None, "finish_reason": finish}
+    body = {"id": "cmpl-fake", "object": "text_completion", "model": MODEL, "choices": [choice]}
+    return f"data: {json.dumps(body)}\n\n"
+
+
+def adjusted(script: Script, token: Token, m: int, step: int, is_mixed: bool, is_longest: bool) -> Token:
+    """The token after the script's batch effects: a mixed-batch divergence, shifted logprobs."""
+    if script.mixed_divergence_at is not None and is_mixed and is_longest and step >= script.mixed_divergence_at:
+        text = f" m{step}"
+        token = Token(text, list(text.encode()))
+    if m > 1 and script.batched_logprob_shift:
+        shift = script.batched_logprob_shift
+        token = Token(token.text, token.token_bytes, token.logprob - shift, token.alt_text, token.alt_logprob - shift)
+    return token
+
+
+async def generate(state: State, request_no: int, max_tokens: int, prompt: str, route: str) -> AsyncIterator[str]:
+    if state.script.is_buffered:
+        # Everything is generated first; the reply leaves in one write at the end.
+        whole = [part async for part in _generate(state, request_no, max_tokens, prompt, route)]
+        yield "".join(whole)
+        return
+    async for part in _generate(state, request_no, max_tokens, prompt, route):
+        yield part
+
+
+async def _generate(state: State, request_no: int, max_tokens: int, prompt: str, route: str) -> AsyncIterator[str]:
     script = state.script
     assert state.semaphore is not None
     async with state.semaphore:
         state.admit()
+        state.active_prompts.append(prompt)
         try:
             await asyncio.sleep(script.window_s)
             m = state.active
+            is_mixed = len(set(state.active_prompts)) > 1
+            is_longest = len(prompt) == max(len(p) for p in state.active_prompts)
             extra = {"stream_mode": script.stream_mode} if script.stream_mode else {}
             yield chunk({"delta": {"role": "assistant", "content": ""}, "finish_reason": None}, **extra)
             held: list[dict[str, Any]] = []
@@ -170,7 +214,7 @@ async def generate(state: State, request_no: int, max_tokens: int) -> AsyncItera
             n = max_tokens - script.short_by
             for step in range(n):
                 await asyncio.sleep(script.token_delay_s)
-                token = script.pick(request_no, m, step)
+                token = adjusted(script, script.pick(request_no, m, step), m, step, is_mixed, is_longest)
                 if request_no == script.drop_request and step == 3:
                     return
                 held.append(entry(token, script.entry_style, step))
@@ -180,14 +224,19 @@ async def generate(state: State, request_no: int, max_tokens: int) -> AsyncItera
                 except UnicodeDecodeError:
                     continue  # an incomplete character: no text yet, its entry waits
                 pending = b""
-                choice = {"delta": {"content": text}, "logprobs": {"content": held}, "finish_reason": None}
-                yield chunk(choice)
+                if route == "completions":
+                    yield legacy_chunk(text, held, None)
+                else:
+                    yield chunk({"delta": {"content": text}, "logprobs": {"content": held}, "finish_reason": None})
                 held = []
-            last = {"content": held} if held else None
-            yield chunk({"delta": {}, "logprobs": last, "finish_reason": "length"})
+            if route == "completions":
+                yield legacy_chunk("", held, "length")
+            else:
+                yield chunk({"delta": {}, "logprobs": {"content": held} if held else None, "finish_reason": "length"})
             yield chunk(None, usage={"prompt_tokens": 5, "completion_tokens": n, "total_tokens": 5 + n})
             yield "data: [DONE]\n\n"
         finally:
+            state.active_prompts.remove(prompt)
             state.leave()
 
 
@@ -212,6 +261,8 @@ def build_app(script: Script) -> tuple[Starlette, State]:
 
     async def completions(request: Request) -> Response:
         body = await request.json()
+        route = "chat" if request.url.path.endswith("/chat/completions") else "completions"
+        prompt = body["messages"][0]["content"] if route == "chat" else body["prompt"]
         state.requests.append(body)
         state.authorizations.append(request.headers.get("authorization"))
         request_no = len(state.requests) - 1
@@ -222,7 +273,7 @@ def build_app(script: Script) -> tuple[Starlette, State]:
             return JSONResponse({"error": error}, status_code=script.status)
         if "model" in body and body["model"] != MODEL:
             return JSONResponse({"error": {"message": f"model {body['model']!r}"}}, status_code=404)
-        stream = generate(state, request_no, int(body["max_tokens"]))
+        stream = generate(state, request_no, int(body["max_tokens"]), prompt, route)
         return StreamingResponse(stream, media_type="text/event-stream")
 
     async def models(request: Request) -> Response:
@@ -256,6 +307,7 @@ def build_app(script: Script) -> tuple[Starlette, State]:
 
     routes = [
         Route("/v1/chat/completions", completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/models", models),
         Route("/v1/server_info", server_info),
         Route("/metrics", metrics),

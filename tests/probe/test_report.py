@@ -66,3 +66,21 @@ def test_live_progress_runs_and_keeps_the_phase_summaries(capsys) -> None:
         progress.phase_done("band c=2: 2/2 back, PASS")
     out = capsys.readouterr().out
     assert "band c=2: 2/2 back, PASS" in out and "has /v1/server_info" in out
+
+
+def test_a_band_line_shows_the_worst_slot_logprob_parity_and_stream_modes() -> None:
+    slots = [
+        {"i": 0, "completion_tokens": 128, "divergence_at": 128, "stream_mode": "observed",
+         "stream_mode_conflict": None},
+        {"i": 1, "completion_tokens": 128, "divergence_at": 40, "stream_mode": "buffered",
+         "stream_mode_conflict": "declared stream_mode live, but its content arrived buffered"},
+    ]
+    band = {**BAND, "c": 2, "m_formed": 2, "result": "PASS", "reason": None, "divergence_at": 40,
+            "divergence_slot": 1, "logprobs_bitwise_equal": False, "logprob_max_abs_diff": 2.67e-05, "slots": slots}
+    assert band_line(band).endswith(" slot=1 logprobs=differ max_abs_diff=2.67e-05 streams=1 buffered,1 observed")
+    witness = {"result": "PASS", "declared_min": 64, "sampler": {"max_tokens": 128},
+               "reference": {"stable": True, "tokens": 128, "self_divergence_at": 128}, "bands": [band]}
+    assert report_lines(witness)[3] == "    c=2 slot 1: declared stream_mode live, but its content arrived buffered"
+    clean = {**band, "logprobs_bitwise_equal": True, "logprob_max_abs_diff": 0.0,
+             "slots": [{**slots[0], "i": i} for i in range(2)]}
+    assert band_line(clean).endswith(" logprobs=bitwise streams=2 observed")

@@ -21,12 +21,18 @@ from tests.helpers.scripted_server import (
 WITNESS_KEYS = [
     "witness_version", "probe", "host", "commit", "binary_sha256", "model", "prompt_sha256",
     "sampler", "declared_min", "served_model", "server", "reference", "bands", "result",
+    "mode", "route", "stagger_ms", "prompts", "references",
 ]
 BAND_KEYS = [
     "c", "m_formed", "m_formed_source", "result", "divergence_at", "intra_agree_to",
-    "max_constant_run", "declared_min", "max_constant_run_declared", "reason", "decode_tok_s", "slots",
+    "max_constant_run", "declared_min", "max_constant_run_declared", "reason", "decode_tok_s",
+    "divergence_slot", "logprob_max_abs_diff", "logprobs_bitwise_equal", "slots",
 ]
-SLOT_KEYS = ["i", "completion_tokens", "finish_reason", "refused", "decode_tok_s"]
+SLOT_KEYS = [
+    "i", "completion_tokens", "finish_reason", "refused", "decode_tok_s", "prompt", "stream_mode",
+    "stream_mode_conflict", "divergence_at", "top2_margin_at_divergence", "logprob_max_abs_diff",
+    "logprobs_bitwise_equal", "logprob_first_diff_at",
+]
 
 
 @pytest.fixture
@@ -150,12 +156,14 @@ def test_a_stream_cut_short_in_a_band_makes_it_unmeasurable(tmp_path: Path) -> N
     assert len(refused) == 1 and refused[0]["completion_tokens"] is None
 
 
-def test_a_stream_not_declared_live_is_not_timed(tmp_path: Path) -> None:
-    with ScriptedServer(Script(stream_mode=None, has_histogram=True)) as server:
+def test_a_stream_not_declared_live_but_seen_live_is_observed_and_timed(tmp_path: Path) -> None:
+    with ScriptedServer(Script(stream_mode=None, token_delay_s=0.01, has_histogram=True)) as server:
         code, witness = run_probe(server.url, tmp_path)
     assert code == 0
-    assert all(b["decode_tok_s"] is None for b in witness["bands"])
-    assert all(s["decode_tok_s"] is None for b in witness["bands"] for s in b["slots"])
+    slots = [s for b in witness["bands"] for s in b["slots"]]
+    assert {s["stream_mode"] for s in slots} == {"observed"}
+    assert all(s["stream_mode_conflict"] is None and s["decode_tok_s"] > 0 for s in slots)
+    assert all(b["decode_tok_s"] > 0 for b in witness["bands"])
 
 
 def test_identity_is_recorded_and_never_invented(tmp_path: Path) -> None:

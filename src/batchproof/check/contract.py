@@ -18,6 +18,8 @@ _KEYS = (
     "declared_min_floor",
     "decode_ratio_c4_over_c1",
 )
+# Optional clauses: absent means off, so contracts written before them (aprender's) still load.
+_OPTIONAL_KEYS = ("require_bitwise_logprobs",)
 _MODEL_KEYS = ("prefix", "sha256")
 
 
@@ -70,6 +72,7 @@ class Contract:
     near_tie_cap: int
     declared_min_floor: int
     decode_ratio_c4_over_c1: float
+    require_bitwise_logprobs: bool = False
 
     def __post_init__(self) -> None:
         models = self.blessed_models
@@ -86,6 +89,10 @@ class Contract:
         _require_count("near_tie_cap", self.near_tie_cap)
         _require_count("declared_min_floor", self.declared_min_floor)
         _require_number("decode_ratio_c4_over_c1", self.decode_ratio_c4_over_c1)
+        if not isinstance(self.require_bitwise_logprobs, bool):
+            raise ContractError(
+                "require_bitwise_logprobs", f"must be true or false, got {self.require_bitwise_logprobs!r}"
+            )
 
 
 def _require_number(key: str, value: object) -> None:
@@ -136,7 +143,7 @@ def _blessed_models(raw: object) -> object:
 
 def contract_from_mapping(raw: object) -> Contract:
     """A Contract from parsed YAML, refusing anything not exactly the contract's shape."""
-    fields = _fields(raw, "", _KEYS, _KEYS)
+    fields = _fields(raw, "", _KEYS, _KEYS + _OPTIONAL_KEYS)
     return Contract(
         blessed_models=_blessed_models(fields["blessed_models"]),
         bands=_as_tuple(fields["bands"]),
@@ -144,6 +151,7 @@ def contract_from_mapping(raw: object) -> Contract:
         near_tie_cap=fields["near_tie_cap"],
         declared_min_floor=fields["declared_min_floor"],
         decode_ratio_c4_over_c1=fields["decode_ratio_c4_over_c1"],
+        require_bitwise_logprobs=fields.get("require_bitwise_logprobs", False),
     )
 
 

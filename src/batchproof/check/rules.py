@@ -52,30 +52,65 @@ def identity_reasons(witness: dict) -> list[str]:
     return [f"S4: identity field {key} missing" for key in IDENTITY_KEYS if _blank(witness.get(key))]
 
 
-def agreement_reason(band: dict, contract: Contract) -> str | None:
-    """S5: agreement with m=1 to the band's own declared_min, or a recorded near-tie."""
-    c, declared_min, at = band["c"], band["declared_min"], band["divergence_at"]
-    if declared_min is None:
-        return f"S5: c={c} declared_min not recorded, so agreement with m=1 cannot be checked"
-    if at is None:
-        # A band that did not PASS already has its S6 reason; only a PASS must carry the index.
-        if band["result"] == "PASS":
-            return f"S5: c={c} divergence_at not recorded on a PASS band, so agreement with m=1 is unmeasured"
-        return None
+def _judged_slots(band: dict) -> list[dict]:
+    """The slots that carry their own divergence_at: each is judged against its own reference."""
+    return [slot for slot in band["slots"] if slot["divergence_at"] is not None]
+
+
+def divergence_reason(name: str, declared_min: int, at: int, margin: float | None, contract: Contract) -> str | None:
+    """S5 for one divergence index: at least declared_min, or a recorded near-tie."""
     if at >= declared_min:
         return None
-    margin = band["top2_margin_at_divergence"]
     if margin is None:
-        return (
-            f"S5: c={c} diverges from m=1 at {at} < declared_min {declared_min} "
-            "with no top-2 margin recorded"
-        )
+        return f"S5: {name} diverges from m=1 at {at} < declared_min {declared_min} with no top-2 margin recorded"
     if _near_tie(margin, contract):
         return None
     return (
-        f"S5: c={c} diverges from m=1 at {at} < declared_min {declared_min}; its top-2 margin "
+        f"S5: {name} diverges from m=1 at {at} < declared_min {declared_min}; its top-2 margin "
         f"{margin!r} is not a near-tie (needs 0 <= margin < {contract.near_tie_eps!r})"
     )
+
+
+def agreement_reasons(band: dict, contract: Contract) -> list[str]:
+    """S5: agreement with m=1 to the band's own declared_min, or a recorded near-tie; per slot
+    when the slots record their own divergence (mixed bands: one reference per prompt)."""
+    c, declared_min, at = band["c"], band["declared_min"], band["divergence_at"]
+    if declared_min is None:
+        return [f"S5: c={c} declared_min not recorded, so agreement with m=1 cannot be checked"]
+    slots = _judged_slots(band)
+    if slots:
+        found = (
+            divergence_reason(f"c={c} slot {s['i']}", declared_min, s["divergence_at"],
+                              s["top2_margin_at_divergence"], contract)
+            for s in slots
+        )
+        return [reason for reason in found if reason is not None]
+    if at is None:
+        # A band that did not PASS already has its S6 reason; only a PASS must carry the index.
+        if band["result"] == "PASS":
+            return [f"S5: c={c} divergence_at not recorded on a PASS band, so agreement with m=1 is unmeasured"]
+        return []
+    reason = divergence_reason(f"c={c}", declared_min, at, band["top2_margin_at_divergence"], contract)
+    return [] if reason is None else [reason]
+
+
+def logprob_reason(band: dict, contract: Contract) -> str | None:
+    """Bitwise logprobs (an optional clause): tokens flip only at near-ties, logprobs show
+    a batch-variant path on every request."""
+    if not contract.require_bitwise_logprobs or band["logprobs_bitwise_equal"] is True:
+        return None
+    c, need = band["c"], "the contract requires logprobs bitwise equal to m=1's"
+    if band["logprobs_bitwise_equal"] is None:
+        return f"logprobs: c={c} logprob parity with m=1 not recorded; {need}"
+    diff = band["logprob_max_abs_diff"]
+    size = "by an unrecorded amount" if diff is None else f"by up to {diff:.3g}"
+    measured = [s for s in band["slots"] if s["logprob_max_abs_diff"] is not None]
+    worst = max(measured, key=lambda s: s["logprob_max_abs_diff"], default=None)
+    where = ""
+    if worst is not None and worst["logprobs_bitwise_equal"] is False:
+        first = worst["logprob_first_diff_at"]
+        where = f" (slot {worst['i']}" + ("" if first is None else f", first at token {first}") + ")"
+    return f"logprobs: c={c} logprobs differ from m=1 {size}{where}; {need}"
 
 
 def copy_reasons(band: dict, contract: Contract) -> list[str]:
@@ -95,8 +130,9 @@ def copy_reasons(band: dict, contract: Contract) -> list[str]:
             f"floor: c={c} declared_min {declared_min} is below the contract's floor "
             f"{contract.declared_min_floor}"
         )
-    agreement = agreement_reason(band, contract)
-    return reasons if agreement is None else [*reasons, agreement]
+    reasons.extend(agreement_reasons(band, contract))
+    logprobs = logprob_reason(band, contract)
+    return reasons if logprobs is None else [*reasons, logprobs]
 
 
 def band_reasons(bands: list[dict], contract: Contract) -> list[str]:
@@ -113,13 +149,20 @@ def band_reasons(bands: list[dict], contract: Contract) -> list[str]:
     return reasons
 
 
-def leans_on_near_tie(band: dict, contract: Contract) -> bool:
-    """True when S5 admits `band` only through the near-tie clause."""
-    declared_min, at = band["declared_min"], band["divergence_at"]
-    margin = band["top2_margin_at_divergence"]
+def _leans(declared_min: int | None, at: int | None, margin: float | None, contract: Contract) -> bool:
     if declared_min is None or at is None or margin is None:
         return False
     return at < declared_min and _near_tie(margin, contract)
+
+
+def leans_on_near_tie(band: dict, contract: Contract) -> bool:
+    """True when S5 admits `band` (or one of its judged slots) only through the near-tie clause."""
+    slots = _judged_slots(band)
+    if slots:
+        return any(
+            _leans(band["declared_min"], s["divergence_at"], s["top2_margin_at_divergence"], contract) for s in slots
+        )
+    return _leans(band["declared_min"], band["divergence_at"], band["top2_margin_at_divergence"], contract)
 
 
 def near_tie_cap_reasons(bands: list[dict], contract: Contract) -> list[str]:

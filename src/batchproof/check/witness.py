@@ -12,6 +12,7 @@ IDENTITY_KEYS = ("binary_sha256", "commit", "host", "prompt_sha256")
 _INTEGER = "an integer"
 _NUMBER = "a number"
 _STRING = "a string"
+_BOOLEAN = "true or false"
 # Band key -> the JSON type it must have (or null).
 BAND_KEYS = {
     "result": _STRING,
@@ -20,6 +21,19 @@ BAND_KEYS = {
     "declared_min": _INTEGER,
     "top2_margin_at_divergence": _NUMBER,
     "decode_tok_s": _NUMBER,
+    # Additions to v3 (batchproof): absent in older witnesses and aprender's, so they read as null.
+    "divergence_slot": _INTEGER,
+    "logprob_max_abs_diff": _NUMBER,
+    "logprobs_bitwise_equal": _BOOLEAN,
+}
+# Slot key -> type; a slot with a divergence_at is judged against its own m=1 reference.
+SLOT_KEYS = {
+    "i": _INTEGER,
+    "divergence_at": _INTEGER,
+    "top2_margin_at_divergence": _NUMBER,
+    "logprob_max_abs_diff": _NUMBER,
+    "logprobs_bitwise_equal": _BOOLEAN,
+    "logprob_first_diff_at": _INTEGER,
 }
 
 
@@ -54,6 +68,8 @@ def _typed(value: object, kind: str, where: str) -> object:
         return value
     if kind == _INTEGER and _is_int(value):
         return value
+    if kind == _BOOLEAN and isinstance(value, bool):
+        return value
     if kind == _NUMBER and (_is_int(value) or isinstance(value, float)):
         try:
             number = float(value)
@@ -83,7 +99,24 @@ def _band(index: int, value: object) -> dict:
     band = {"c": c}
     for key, kind in BAND_KEYS.items():
         band[key] = _typed(value.get(key), kind, f"{where}.{key}")
+    band["slots"] = _slots(value.get("slots"), f"{where}.slots")
     return band
+
+
+def _slots(value: object, where: str) -> list[dict]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise WitnessError(f"{where} must be a list or null, got {_show(value)}")
+    slots = []
+    for index, slot in enumerate(value):
+        if not isinstance(slot, dict):
+            raise WitnessError(f"{where}[{index}] must be an object, got {_show(slot)}")
+        typed = {key: _typed(slot.get(key), kind, f"{where}[{index}].{key}") for key, kind in SLOT_KEYS.items()}
+        if typed["i"] is None:
+            typed["i"] = index
+        slots.append(typed)
+    return slots
 
 
 def _bands(value: object) -> list[dict]:

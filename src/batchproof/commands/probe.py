@@ -7,7 +7,8 @@ import sys
 from batchproof.probe.config import add_config_arguments, config_from_args
 from batchproof.probe.display import ProgressDisplay, report_lines
 from batchproof.probe.matrix import MatrixError, load_matrix
-from batchproof.probe.run import Prober
+from batchproof.probe.prompts import PromptsError
+from batchproof.probe.run import Prober, fired_prompts
 from batchproof.probe.witness import build_witness, identify, write_witness
 
 EXIT_CODES = {"PASS": 0, "FAIL": 5, "UNMEASURABLE": 8}
@@ -41,12 +42,17 @@ def run(args: argparse.Namespace) -> int:
     except MatrixError as err:
         return _fail(str(err), EXIT_BAD_MATRIX)
     try:
+        prompts = config.prompt_set()
+    except PromptsError as err:
+        return _fail(str(err), EXIT_BAD_ARGUMENT)
+    prompts = fired_prompts(config, matrix, prompts)
+    try:
         identity = identify(config)
     except OSError as err:
         return _fail(f"cannot read {err.filename}: {err.strerror}", EXIT_NOT_A_FILE)
     with ProgressDisplay() as progress:
-        record = asyncio.run(Prober(config, matrix, progress).run())
-    witness = build_witness(config, matrix, identity, record)
+        record = asyncio.run(Prober(config, matrix, progress, prompts).run())
+    witness = build_witness(config, matrix, identity, record, prompts)
     if config.witness is not None:
         try:
             write_witness(config.witness, witness)

@@ -8,6 +8,9 @@ from typing import Any
 
 import httpx
 
+from batchproof.probe.prompts import BUILTIN_PROMPTS, load_prompts
+from batchproof.probe.request import ROUTES, Route
+
 DEFAULT_PROMPT = "Write an essay on compilers."
 
 
@@ -50,6 +53,26 @@ class ProbeConfig:
         default=None,
         metadata=_flag("--model-file", "the served GGUF: recorded by name and sha256", "GGUF", Path),
     )
+    is_mixed: bool = field(
+        default=False,
+        metadata=_flag("--mixed", "fire c different prompts per band, each judged against its own m=1 "
+                       "reference (default: c identical requests)", parse=bool),
+    )
+    prompts: Path | None = field(
+        default=None,
+        metadata=_flag("--prompts", "with --mixed: prompts to use, one a line (text, or JSONL: a string or "
+                       "{\"prompt\": ...}); default: a built-in set of 16", "FILE", Path),
+    )
+    stagger_ms: float = field(
+        default=0.0,
+        metadata=_flag("--stagger-ms", "start slot i of a band i*MS ms after slot 0, so later ones join "
+                       "a running batch (default 0)", "MS", float),
+    )
+    route: Route = field(
+        default="chat",
+        metadata=_flag("--route", "chat (/v1/chat/completions) or completions (/v1/completions); "
+                       "default chat", "ROUTE"),
+    )
     binary: Path | None = field(
         default=None,
         metadata=_flag("--binary", "the server's executable or package: recorded by sha256", "FILE", Path),
@@ -90,6 +113,14 @@ class ProbeConfig:
         object.__setattr__(self, "url", base)
         if not self.prompt.strip():
             raise ValueError("--prompt must not be empty")
+        if self.route not in ROUTES:
+            raise ValueError(f"--route {self.route!r} must be one of: {', '.join(ROUTES)}")
+        if not self.stagger_ms >= 0 or self.stagger_ms == float("inf"):
+            raise ValueError(f"--stagger-ms must be a finite number >= 0, got {self.stagger_ms}")
+        if self.prompts is not None and not self.is_mixed:
+            raise ValueError("--prompts is for --mixed; give --prompt TEXT for identical requests")
+        if self.is_mixed and self.prompt != DEFAULT_PROMPT:
+            raise ValueError("--prompt is for identical requests; give --mixed --prompts FILE instead")
         if not self.timeout_s > 0:
             raise ValueError(f"--timeout must be positive, got {self.timeout_s}")
         if not self.settle_s >= 0:
@@ -114,6 +145,7 @@ class ProbeConfig:
         """The first given path that is not usable, or None; checked before any request."""
         for flag, path in (
             ("--server-log", self.server_log),
+            ("--prompts", self.prompts),
             ("--model-file", self.model_file),
             ("--binary", self.binary),
         ):
@@ -128,6 +160,13 @@ class ProbeConfig:
         return None
 
 
+    def prompt_set(self) -> tuple[str, ...]:
+        """The prompts the run fires: one (identical), or the mixed set; PromptsError if unusable."""
+        if not self.is_mixed:
+            return (self.prompt,)
+        return BUILTIN_PROMPTS if self.prompts is None else load_prompts(self.prompts)
+
+
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     """One option per ProbeConfig field that has a flag."""
     for f in dataclasses.fields(ProbeConfig):
@@ -135,6 +174,9 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
             continue
         meta = f.metadata
         default = None if f.default is dataclasses.MISSING else f.default
+        if meta["parse"] is bool:
+            parser.add_argument(meta["flag"], dest=f.name, action="store_true", help=meta["help"])
+            continue
         parser.add_argument(
             meta["flag"],
             dest=f.name,

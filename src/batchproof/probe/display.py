@@ -1,6 +1,7 @@
 """What the probe shows: live progress while it runs and the short report at the end."""
 
 import sys
+from collections import Counter
 from types import TracebackType
 from typing import Any
 
@@ -63,6 +64,25 @@ def _or_dash(value: Any, spec: str = "") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _additions(band: dict[str, Any]) -> str:
+    """The v3 additions, when the band has them: worst slot, logprob parity, stream modes."""
+    parts = []
+    parted = any(
+        s.get("divergence_at") is not None and s["divergence_at"] < (s.get("completion_tokens") or 0)
+        for s in band.get("slots", [])
+    )
+    if parted and band.get("divergence_slot") is not None:
+        parts.append(f"slot={band['divergence_slot']}")
+    if "logprobs_bitwise_equal" in band:
+        equal, diff = band["logprobs_bitwise_equal"], band.get("logprob_max_abs_diff")
+        parts.append("logprobs=bitwise" if equal else f"logprobs={'differ' if equal is False else '?'}"
+                     f" max_abs_diff={_or_dash(diff, '.3g')}")
+    modes = Counter(s["stream_mode"] for s in band.get("slots", []) if "stream_mode" in s)
+    if modes:
+        parts.append("streams=" + ",".join(f"{n} {mode}" for mode, n in sorted(modes.items())))
+    return "".join(f" {part}" for part in parts)
+
+
 def band_line(band: dict[str, Any]) -> str:
     source = f" ({band['m_formed_source']})" if band.get("m_formed_source") else ""
     rate = band.get("decode_tok_s")
@@ -72,8 +92,17 @@ def band_line(band: dict[str, Any]) -> str:
         f"intra_agree_to={_or_dash(band['intra_agree_to'])} "
         f"divergence_at={_or_dash(band['divergence_at'])} "
         f"top2_margin={_or_dash(band.get('top2_margin_at_divergence'), '.4g')} "
-        f"decode={_or_dash(rate, '.1f')} tok/s{reason}"
+        f"decode={_or_dash(rate, '.1f')} tok/s{_additions(band)}{reason}"
     )
+
+
+def conflict_lines(band: dict[str, Any]) -> list[str]:
+    """A stream whose declared mode its arrival times contradict, one line each."""
+    return [
+        f"    c={band['c']} slot {s['i']}: {s['stream_mode_conflict']}"
+        for s in band.get("slots", [])
+        if s.get("stream_mode_conflict")
+    ]
 
 
 def report_lines(witness: dict[str, Any]) -> list[str]:
@@ -86,5 +115,5 @@ def report_lines(witness: dict[str, Any]) -> list[str]:
         f"n_predict {witness['sampler']['max_tokens']})",
         f"  m=1 reference: {stable} tokens={_or_dash(reference['tokens'])} "
         f"self_divergence_at={_or_dash(reference['self_divergence_at'])}{why}",
-        *(band_line(band) for band in witness["bands"]),
+        *(line for band in witness["bands"] for line in (band_line(band), *conflict_lines(band))),
     ]

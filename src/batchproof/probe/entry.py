@@ -76,3 +76,24 @@ def _read_logprob(raw: Any) -> float | None:
         return None
     value = float(raw)
     return value if math.isfinite(value) and value > ABSENT_LOGPROB else None
+
+
+def parse_legacy(raw: Any) -> list[Entry]:
+    """Entries from a legacy /v1/completions `logprobs` object: parallel `tokens`,
+    `token_logprobs` and `top_logprobs` ({token: logprob} per position). It carries no bytes."""
+    if not isinstance(raw, dict):
+        raise EntryError(f"logprobs is not an object: {raw!r:.80}")
+    tokens = raw.get("tokens") or []
+    values = raw.get("token_logprobs") or []
+    tops = raw.get("top_logprobs") or []
+    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+        raise EntryError(f"logprobs.tokens is not a list of strings: {tokens!r:.80}")
+    if not isinstance(values, list) or not isinstance(tops, list):
+        raise EntryError("logprobs.token_logprobs and logprobs.top_logprobs must be lists")
+    entries = []
+    for i, token in enumerate(tokens):
+        top = tops[i] if i < len(tops) else None
+        alternatives = tuple(_read_logprob(v) for v in top.values()) if isinstance(top, dict) else ()
+        value = _read_logprob(values[i]) if i < len(values) else None
+        entries.append(Entry(token=token, token_bytes=(), logprob=value, top_logprobs=alternatives))
+    return entries

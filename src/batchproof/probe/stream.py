@@ -1,4 +1,4 @@
-"""Fire one streamed chat request and read its SSE chunks into a StreamResult."""
+"""Fire one streamed request (chat or legacy completions) and read its SSE chunks into a StreamResult."""
 
 import asyncio
 import json
@@ -11,7 +11,8 @@ from typing import Any
 import httpx
 
 from batchproof.common.wire import DONE, SSEReader
-from batchproof.probe.entry import Entry, EntryError, parse_entry
+from batchproof.probe.entry import Entry, EntryError, parse_entry, parse_legacy
+from batchproof.probe.liveness import StreamMode, is_timed, observe, stream_mode
 from batchproof.probe.verdict import decode_rate
 
 
@@ -26,6 +27,7 @@ class StreamResult:
     entries: list[Entry] = field(default_factory=list)
     text: str = ""
     arrivals: list[float] = field(default_factory=list)
+    ended_s: float | None = None  # when the stream ended, seconds after the POST
     completion_tokens: int | None = None
     finish_reason: str | None = None
     stream_mode: str | None = None
@@ -34,12 +36,17 @@ class StreamResult:
     is_unreachable: bool = False
 
     @property
-    def is_live(self) -> bool:
-        return self.stream_mode == "live"
+    def mode(self) -> tuple[StreamMode, str | None]:
+        """`declared`, `observed` or `buffered`, and a declaration the arrivals contradict."""
+        return stream_mode(self.stream_mode, observe(self.arrivals, self.ended_s))
 
     @property
     def decode_tok_s(self) -> float | None:
-        return decode_rate(self.is_live, self.arrivals, self.completion_tokens)
+        return decode_rate(is_timed(self.mode[0]), self.arrivals, self.completion_tokens)
+
+    def logprob_vectors(self) -> list[tuple[float | None, ...]]:
+        """Per token: its logprob, then its alternatives', as logprob parity compares them."""
+        return [(entry.logprob, *entry.top_logprobs) for entry in self.entries]
 
     def feed(self, chunk: Any, arrival: float) -> None:
         """Take one parsed `data:` chunk that arrived `arrival` seconds after the POST."""
@@ -59,21 +66,25 @@ class StreamResult:
             self._feed_choice(choices[0], arrival)
 
     def _feed_choice(self, choice: dict[str, Any], arrival: float) -> None:
+        # Chat streams carry text in `delta.content`; legacy completions in `text`.
         delta = choice.get("delta")
-        content = delta.get("content") if isinstance(delta, dict) else None
+        content = delta.get("content") if isinstance(delta, dict) else choice.get("text")
         if isinstance(content, str) and content:
             self.arrivals.append(arrival)
             self.text += content
-        # Entries may ride on any chunk (a held partial character goes out later).
-        logprobs = choice.get("logprobs")
-        raw_entries = logprobs.get("content") if isinstance(logprobs, dict) else None
-        if isinstance(raw_entries, list):
-            try:
-                self.entries.extend(parse_entry(raw) for raw in raw_entries)
-            except EntryError as err:
-                raise StreamError(f"logprob entry {len(self.entries)}: {err}") from None
         if choice.get("finish_reason") is not None:
             self.finish_reason = str(choice["finish_reason"])
+        # Entries may ride on any chunk (a held partial character goes out later).
+        logprobs = choice.get("logprobs")
+        if not isinstance(logprobs, dict):
+            return
+        try:
+            if isinstance(logprobs.get("content"), list):  # chat's, and llama.cpp's on both routes
+                self.entries.extend(parse_entry(raw) for raw in logprobs["content"])
+            elif "tokens" in logprobs:
+                self.entries.extend(parse_legacy(logprobs))
+        except EntryError as err:
+            raise StreamError(f"logprob entry {len(self.entries)}: {err}") from None
 
     def finish(self) -> None:
         """The stream ended: a reply without usage or without content is an error."""
@@ -114,6 +125,7 @@ async def fire(request: StreamRequest) -> StreamResult:
                         return result
                     async for chunk in _sse_chunks(response):
                         result.feed(chunk, time.perf_counter() - start)
+                    result.ended_s = time.perf_counter() - start
     except (httpx.ConnectError, httpx.ConnectTimeout) as err:
         result.error = f"cannot connect: {str(err) or type(err).__name__}"
         result.is_unreachable = True

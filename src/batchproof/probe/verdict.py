@@ -111,6 +111,18 @@ def band_refusal(c: int, m_formed: int, slots: Sequence[Sample], n_predict: int)
     return None
 
 
+def slot_divergence(
+    reference: Sequence[Hashable], reference_margins: Sequence[float | None], slot: Sequence[Hashable]
+) -> tuple[int, float | None]:
+    """Where `slot` leaves its m=1 reference (the shorter length if never), and the
+    reference's top-2 margin there, only when the streams part."""
+    ref_ids, slot_ids = intern([reference, slot])
+    divergence = agreement(ref_ids, slot_ids)
+    parted = divergence < min(len(ref_ids), len(slot_ids))
+    margin = reference_margins[divergence] if parted and divergence < len(reference_margins) else None
+    return divergence, margin
+
+
 def judge_band(
     c: int,
     m_formed: int,
@@ -123,19 +135,18 @@ def judge_band(
     why = band_refusal(c, m_formed, slots, policy.n_predict)
     if why is not None:
         return BandJudgement("UNMEASURABLE", why)
-    ref_ids, *slot_ids = intern([reference, *(s.identities for s in slots)])
-    divergence = agreement(ref_ids, slot_ids[0])
-    parted = divergence < min(len(ref_ids), len(slot_ids[0]))
-    margin = reference_margins[divergence] if parted and divergence < len(reference_margins) else None
+    slot_ids = intern([s.identities for s in slots])
+    divergence, margin = slot_divergence(reference, reference_margins, slots[0].identities)
     agree = [agreement(ids, slot_ids[0]) for ids in slot_ids]
     runs = [longest_constant_run(ids) for ids in slot_ids]
     result, reason = _band_result(slot_ids, agree, runs, policy)
     return BandJudgement(result, reason, divergence, margin, min(agree), max(runs))
 
 
-def _band_result(
-    slot_ids: list[list[int]], agree: list[int], runs: list[int], policy: Policy
-) -> tuple[Result, str | None]:
+def frozen_or_short(
+    slot_ids: Sequence[Sequence[Hashable]], runs: list[int], policy: Policy
+) -> tuple[Result, str] | None:
+    """FAIL for a frozen slot, UNMEASURABLE for one too short to judge, else None."""
     frozen = [i for i, run in enumerate(runs) if run >= policy.max_constant_run]
     if frozen:
         i = frozen[0]
@@ -149,6 +160,15 @@ def _band_result(
         return "UNMEASURABLE", (
             f"slot {i} has {len(slot_ids[i])} tokens < declared_min {policy.declared_min}"
         )
+    return None
+
+
+def _band_result(
+    slot_ids: list[list[int]], agree: list[int], runs: list[int], policy: Policy
+) -> tuple[Result, str | None]:
+    failed = frozen_or_short(slot_ids, runs, policy)
+    if failed is not None:
+        return failed
     worst = min(range(len(agree)), key=agree.__getitem__)
     if agree[worst] < policy.declared_min:
         return "FAIL", (

@@ -8,12 +8,13 @@ from typing import Any
 
 from batchproof.common.hashing import file_sha256
 from batchproof.probe.config import ProbeConfig
+from batchproof.probe.logprob_parity import LogprobParity, combine
 from batchproof.probe.matrix import Matrix
+from batchproof.probe.request import TOP_LOGPROBS
 from batchproof.probe.verdict import BandJudgement, ReferenceJudgement, Result, band_rate
 
 WITNESS_VERSION = 3
 PROBE = "batchproof"
-TOP_LOGPROBS = 2
 
 
 @dataclass(frozen=True)
@@ -28,10 +29,24 @@ class Identity:
 
 @dataclass(frozen=True)
 class SlotRecord:
+    """One request of a band. The keys after decode_tok_s are additions to v3."""
+
     completion_tokens: int | None
     finish_reason: str | None
     refused: str | None
     decode_tok_s: float | None
+    prompt: int = 0  # index into the witness's `prompts`
+    stream_mode: str = "buffered"  # declared | observed | buffered
+    stream_mode_conflict: str | None = None  # a declaration the arrivals contradict
+    divergence_at: int | None = None  # against its own prompt's m=1 reference
+    top2_margin_at_divergence: float | None = None
+    logprob_max_abs_diff: float | None = None  # over the agreeing prefix
+    logprobs_bitwise_equal: bool | None = None
+    logprob_first_diff_at: int | None = None
+
+    @property
+    def parity(self) -> LogprobParity:
+        return LogprobParity(self.logprob_max_abs_diff, self.logprobs_bitwise_equal, self.logprob_first_diff_at)
 
 
 def identify(config: ProbeConfig) -> Identity:
@@ -70,6 +85,7 @@ def band_record(
     judgement: BandJudgement,
     slots: list[SlotRecord],
     matrix: Matrix,
+    divergence_slot: int | None = 0,
 ) -> dict[str, Any]:
     """One band in the witness's key order; the margin key only when the streams part."""
     record: dict[str, Any] = {
@@ -88,6 +104,13 @@ def band_record(
         "max_constant_run_declared": matrix.max_constant_run,
         "reason": judgement.reason,
         "decode_tok_s": band_rate([s.decode_tok_s for s in slots]),
+    }
+    # Additions to v3: which slot the band's divergence_at is from, and logprob parity.
+    parity = combine([s.parity for s in slots])
+    record |= {
+        "divergence_slot": divergence_slot if judgement.divergence_at is not None else None,
+        "logprob_max_abs_diff": parity.max_abs_diff,
+        "logprobs_bitwise_equal": parity.is_bitwise_equal,
         "slots": [{"i": i, **asdict(s)} for i, s in enumerate(slots)],
     }
     return record
@@ -103,6 +126,13 @@ class RunRecord:
     bands: list[dict[str, Any]]
     result: Result
     unreachable: str | None = None
+    references: list[dict[str, Any]] | None = None  # one per prompt, an addition to v3
+
+
+def prompt_set_sha256(prompts: tuple[str, ...]) -> str:
+    """One prompt's sha256 of its UTF-8 bytes (as v3 defines it); a set's, of its JSON list."""
+    data = prompts[0] if len(prompts) == 1 else json.dumps(list(prompts), ensure_ascii=False)
+    return hashlib.sha256(data.encode("utf-8")).hexdigest()
 
 
 def build_witness(
@@ -110,7 +140,9 @@ def build_witness(
     matrix: Matrix,
     identity: Identity,
     outcome: RunRecord,
+    prompts: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
+    prompts = prompts or (config.prompt,)
     return {
         "witness_version": WITNESS_VERSION,
         "probe": PROBE,
@@ -118,7 +150,7 @@ def build_witness(
         "commit": identity.commit,
         "binary_sha256": identity.binary_sha256,
         "model": identity.model,
-        "prompt_sha256": hashlib.sha256(config.prompt.encode("utf-8")).hexdigest(),
+        "prompt_sha256": prompt_set_sha256(prompts),
         "sampler": sampler(matrix),
         "declared_min": matrix.min_agree_tokens,
         "served_model": outcome.served_model,
@@ -126,6 +158,12 @@ def build_witness(
         "reference": reference_record(outcome.reference),
         "bands": outcome.bands,
         "result": outcome.result,
+        # Additions to v3: how the bands were fired, and each prompt's own m=1 reference.
+        "mode": "mixed" if config.is_mixed else "identical",
+        "route": config.route,
+        "stagger_ms": config.stagger_ms,
+        "prompts": [{"i": i, "sha256": prompt_set_sha256((p,)), "chars": len(p)} for i, p in enumerate(prompts)],
+        "references": outcome.references or [],
     }
 
 
