@@ -93,8 +93,9 @@ def test_chosen_logprob_is_given_even_when_outside_the_top_n(server) -> None:
 def test_ties_go_to_the_lower_token_id(server) -> None:
     """Two tokens with bit-identical logits, pushed to the top by the same logit_bias."""
     low, high = TIED_TOKEN_IDS
-    lm_head = server.state.async_engine.engine.model.lm_head
-    assert torch.equal(lm_head[low], lm_head[high]) and low < high  # the premise: always equal logits
+    model = server.state.async_engine.engine.model
+    rows = model.ops.embedding(model.lm_head, torch.tensor([low, high]))  # the rows as stored, dequantized
+    assert torch.equal(rows[0], rows[1]) and low < high  # the premise: always equal logits
     bias = {str(high): 100, str(low): 100}  # dict order must not matter
     reply = post(server.url, CHAT, chat_body(ASCII_PROMPT, max_tokens=2, logprobs=True, top_logprobs=3,
                                              logit_bias=bias)).json()
