@@ -138,7 +138,7 @@ def http_ttft(url: str, model: str | None, key: str, round_number: list[int]) ->
     words = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet")
     opening = " ".join(words[int(d)] for d in str(round_number[0]))
     body = {"messages": [{"role": "user", "content": f"{opening}. {LONG_PROMPT}"}], "max_tokens": 1,
-            "temperature": 0, "stream": True}
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
     if model:
         body["model"] = model
     if key == "peer":
