@@ -5,6 +5,7 @@ each in its own type; adjacent parts of one type are merged into one block array
 """
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -23,9 +24,9 @@ class QuantWeight:
     parts: tuple[QuantPart, ...]
     shape: tuple[int, int]
 
-    @property
+    @cached_property
     def offsets(self) -> list[int]:
-        """The first output column of each part."""
+        """The first output column of each part (read by every matmul: computed once)."""
         return np.cumsum([0] + [p.rows for p in self.parts])[:-1].tolist()
 
     @property

@@ -60,13 +60,14 @@ class KernelOps:
                       cache: KVCache) -> torch.Tensor:
         """All layers in one C call (layers.c), the same kernels in the same order, so the
         same bits; models with per-head Q/K norms (qwen3) run op by op."""
-        if any(layer.q_norm is not None for layer in model.layers) or not self.is_fused:
-            return model.decode_layers(x, positions, slots, num_real, cache)
         key = (id(model), id(cache))
         if self._fused_key != key:  # described once per model and cache (their addresses never move)
-            self._fused = kernels.DecodeLayers(model.spec, model.layers, model.rope.cos, model.rope.sin, cache.k,
-                                               cache.v, model.scale)
+            has_qk_norm = any(layer.q_norm is not None for layer in model.layers)
+            self._fused = None if has_qk_norm else kernels.DecodeLayers(
+                model.spec, model.layers, model.rope.cos, model.rope.sin, cache.k, cache.v, model.scale)
             self._fused_key = key
+        if self._fused is None or not self.is_fused:
+            return model.decode_layers(x, positions, slots, num_real, cache)
         x = x.contiguous()
         self._fused(x, positions, slots, self.num_threads)
         return x
