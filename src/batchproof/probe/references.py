@@ -5,6 +5,7 @@ from typing import Any
 
 from batchproof.probe.logprob_parity import LogprobParity
 from batchproof.probe.verdict import ReferenceJudgement
+from batchproof.probe.witness import reference_record
 
 
 def combined(judgements: Sequence[ReferenceJudgement]) -> ReferenceJudgement:
@@ -23,14 +24,5 @@ def combined(judgements: Sequence[ReferenceJudgement]) -> ReferenceJudgement:
 
 def prompt_reference_record(i: int, judgement: ReferenceJudgement, parity: LogprobParity) -> dict[str, Any]:
     """One prompt's reference in the witness, with how far its two runs' logprobs differ."""
-    record: dict[str, Any] = {
-        "prompt": i,
-        "stable": judgement.is_stable,
-        "tokens": judgement.tokens,
-        "self_divergence_at": judgement.self_divergence_at,
-        "logprob_max_abs_diff": parity.max_abs_diff,
-        "logprobs_bitwise_equal": parity.is_bitwise_equal,
-    }
-    if judgement.reason is not None:
-        record["reason"] = judgement.reason
-    return record
+    return {"prompt": i, **reference_record(judgement), "logprob_max_abs_diff": parity.max_abs_diff,
+            "logprobs_bitwise_equal": parity.is_bitwise_equal}

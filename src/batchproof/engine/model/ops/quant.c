@@ -121,6 +121,16 @@ static int has_avx2(void) {
 }
 #endif
 
+/* 32 unpacked quants of a Q4_x / Q5_x block -> weights: d * q + m with a min (Q4_1, Q5_1),
+ * else d * (q - zero) (Q4_0: zero 8, Q5_0: 16), as gguf.quants computes them. */
+static inline void scale_block32(const uint8_t *restrict q, float d, float m, int has_min, int zero,
+                                 float *restrict dst) {
+    if (has_min)
+        for (int j = 0; j < 32; j++) dst[j] = d * (float)q[j] + m;
+    else
+        for (int j = 0; j < 32; j++) dst[j] = d * (float)((int)q[j] - zero);
+}
+
 /* One row of K weights -> K floats, each computed as gguf.quants computes it.
  *
  * `restrict` matters: without it a store to dst (float) may alias the quants (bytes may
@@ -160,10 +170,7 @@ static void dequant_row(const uint8_t *restrict src, int type, int64_t K, float 
                 q[j] = qs[j] & 0xF;
                 q[j + 16] = qs[j] >> 4;
             }
-            if (has_min)
-                for (int j = 0; j < 32; j++) dst[j] = d * (float)q[j] + m;
-            else
-                for (int j = 0; j < 32; j++) dst[j] = d * (float)((int)q[j] - 8);
+            scale_block32(q, d, m, has_min, 8, dst);
         }
         return;
     }
@@ -179,10 +186,7 @@ static void dequant_row(const uint8_t *restrict src, int type, int64_t K, float 
                 q[j] = (uint8_t)((qs[j] & 0xF) | (((qh >> j) & 1) << 4));
                 q[j + 16] = (uint8_t)((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
             }
-            if (has_min)
-                for (int j = 0; j < 32; j++) dst[j] = d * (float)q[j] + m;
-            else
-                for (int j = 0; j < 32; j++) dst[j] = d * (float)((int)q[j] - 16);
+            scale_block32(q, d, m, has_min, 16, dst);
         }
         return;
     }
