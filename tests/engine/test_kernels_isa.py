@@ -73,3 +73,25 @@ def test_a_tiny_model_matches_the_reference_and_batches_invariantly(isa, tmp_pat
         reference = torch.log_softmax(reference_logits(spec, weights, prompt + ids[:-1]), -1)[len(prompt) - 1:]
         for step, record in enumerate(alone[i]):
             assert abs(record.logprob - float(reference[step, record.token_id])) <= 1e-4
+
+
+@pytest.mark.parametrize("head_dim", [64, 40])  # 64: the vector paths; 40: their scalar fallback
+def test_prompt_attention_is_decode_attention_row_for_row(isa, head_dim):
+    """A prompt row attends like a decode step at its position, bit for bit, whatever chunk
+    held it: the property the prefix cache stands on."""
+    torch.manual_seed(20 + isa)
+    heads, kv_heads, max_len, slot = 6, 2, 64, 1
+    k_cache, v_cache = torch.randn(3, kv_heads, max_len, head_dim), torch.randn(3, kv_heads, max_len, head_dim)
+    q = torch.randn(23, heads, head_dim)
+    scale = head_dim ** -0.5
+    decoded = kernels.decode_attention(q, k_cache, v_cache, torch.full((23,), slot), torch.arange(1, 24), scale, 2)
+    assert torch.equal(kernels.prompt_attention(q, k_cache, v_cache, slot, 0, scale, 2), decoded)
+    for start, end in [(0, 5), (5, 6), (6, 17), (17, 23)]:  # another chunk layout of the same rows
+        chunk = kernels.prompt_attention(q[start:end], k_cache, v_cache, slot, start, scale, 1)
+        assert torch.equal(chunk, decoded[start:end])
+    keys, values = k_cache[slot].double(), v_cache[slot].double()  # [kv_heads, max_len, hd]
+    for row in (0, 9, 22):
+        group = q[row].double().unflatten(0, (kv_heads, -1))
+        weights = torch.softmax(group @ keys[:, :row + 1].transpose(-1, -2) * scale, -1)
+        expected = (weights @ values[:, :row + 1]).flatten(0, 1)
+        assert torch.allclose(decoded[row].double(), expected, atol=1e-5)

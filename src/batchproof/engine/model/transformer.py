@@ -5,7 +5,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from batchproof.engine.kv_cache import KVCache
 from batchproof.engine.model.gguf_file import ModelFile, ModelSpec
@@ -157,18 +156,8 @@ class Transformer:
     def _prefill_attention(self, layer: int, seg: Segment, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            cache: KVCache) -> torch.Tensor:
         """q: [n, heads, hd], k and v: [n, kv_heads, hd] of one segment -> [n, q_dim]."""
-        n, start = q.shape[0], seg.start
-        cache.write_prompt(layer, seg.slot, start, k.transpose(0, 1), v.transpose(0, 1))
-        keys, values = cache.view(layer, seg.slot, start + n)  # [kv_heads, start + n, hd]
-        mask = None
-        if start > 0:  # a later chunk also sees every earlier position
-            key_pos = torch.arange(start + n, device=q.device)
-            mask = key_pos[None, :] <= torch.arange(start, start + n, device=q.device)[:, None]
-        attn = F.scaled_dot_product_attention(
-            q.transpose(0, 1)[None], keys[None], values[None],
-            attn_mask=mask, is_causal=mask is None, scale=self.scale, enable_gqa=True,
-        )  # [1, heads, n, hd]
-        return attn[0].transpose(0, 1).flatten(1)
+        cache.write_prompt(layer, seg.slot, seg.start, k.transpose(0, 1), v.transpose(0, 1))
+        return self.ops.prompt_attention(q, cache, layer, seg.slot, seg.start, self.scale).flatten(1)
 
     # --- decode: one new token for each of several sequences ------------------------
 

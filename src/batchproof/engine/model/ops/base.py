@@ -35,6 +35,10 @@ class RopeTables:
 class Ops(Protocol):
     decode_path: str  # in words, for /v1/server_info
     batches_prefill: bool  # several prompts may share a prefill call without changing a bit
+    # A position's keys, values and hidden state are the same bits however the prompt was
+    # cut into chunks and whichever path (prefill or decode) computed them, so they may be
+    # stored and reused by another request (the prefix cache).
+    reuses_prefixes: bool
 
     def decode_rows(self, num_seqs: int, max_batch: int) -> int:
         """How many rows a decode step of num_seqs sequences runs (the rest is padding)."""
@@ -56,6 +60,11 @@ class Ops(Protocol):
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """[rows, 2 * ffn] ([gate | up]) -> silu(gate) * up."""
+
+    def prompt_attention(self, q: torch.Tensor, cache: KVCache, layer: int, slot: int, start: int,
+                         scale: float) -> torch.Tensor:
+        """q [n, heads, hd] at positions start.. of one slot, whose keys are already in the
+        cache; causal -> [n, heads, hd]."""
 
     def decode_attention(self, q: torch.Tensor, cache: KVCache, layer: int, slots: torch.Tensor,
                          lengths: torch.Tensor, scale: float) -> torch.Tensor:

@@ -14,6 +14,7 @@ from batchproof.engine.model.weights import QuantWeight
 
 class KernelOps:
     batches_prefill = True
+    reuses_prefixes = True  # every kernel, attention included, works one row at a time
 
     def __init__(self, num_threads: int, is_fused: bool = True) -> None:
         self.num_threads = num_threads
@@ -51,6 +52,13 @@ class KernelOps:
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         return kernels.silu_mul(gate_up)
+
+    def prompt_attention(self, q: torch.Tensor, cache: KVCache, layer: int, slot: int, start: int,
+                         scale: float) -> torch.Tensor:
+        """Each prompt row is a decode row over its own prefix: the same kernel and sums as a
+        decode step at that position, so a position's bits do not depend on the chunk that
+        held it (nor on whether prefill or decode computed it)."""
+        return kernels.prompt_attention(q, cache.k[layer], cache.v[layer], slot, start, scale, self.num_threads)
 
     def decode_attention(self, q: torch.Tensor, cache: KVCache, layer: int, slots: torch.Tensor,
                          lengths: torch.Tensor, scale: float) -> torch.Tensor:

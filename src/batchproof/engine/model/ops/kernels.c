@@ -399,60 +399,114 @@ static void attend_scalar(const float *q, const float *keys, const float *values
     for (int64_t d = 0; d < D; d++) o[d] *= inv;
 }
 
+/* The vector versions below keep attend_scalar's structure but not its lanes: each key's
+ * score is one vector accumulator over D, then one horizontal sum; each output lane is one
+ * accumulator over the keys in position order. Four keys' scores, and several lanes of
+ * the output, are in flight at once only to hide FMA latency: they are independent
+ * chains, so the bits of every element are those of the one-at-a-time loop. */
 #ifdef BP_X86
 __attribute__((target("avx512f")))
 static void attend_avx512(const float *q, const float *keys, const float *values, float *o, float *scores,
                           int64_t L, int64_t D, float scale) {
-    if (D % 16 != 0) {
+    if (D % 64 != 0) {
         attend_scalar(q, keys, values, o, scores, L, D, scale);
         return;
     }
     float max_score = -INFINITY;
-    for (int64_t j = 0; j < L; j++) {
+    int64_t j = 0;
+    for (; j + 4 <= L; j += 4) {
+        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+        const float *k0 = keys + j * D;
+        for (int64_t d = 0; d < D; d += 16) {
+            __m512 qv = _mm512_loadu_ps(q + d);
+            a0 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k0 + d), a0);
+            a1 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k0 + D + d), a1);
+            a2 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k0 + 2 * D + d), a2);
+            a3 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k0 + 3 * D + d), a3);
+        }
+        scores[j] = _mm512_reduce_add_ps(a0) * scale;
+        scores[j + 1] = _mm512_reduce_add_ps(a1) * scale;
+        scores[j + 2] = _mm512_reduce_add_ps(a2) * scale;
+        scores[j + 3] = _mm512_reduce_add_ps(a3) * scale;
+    }
+    for (; j < L; j++) {
         __m512 acc = _mm512_setzero_ps();
         for (int64_t d = 0; d < D; d += 16)
             acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), _mm512_loadu_ps(keys + j * D + d), acc);
         scores[j] = _mm512_reduce_add_ps(acc) * scale;
-        if (scores[j] > max_score) max_score = scores[j];
     }
+    for (j = 0; j < L; j++)
+        if (scores[j] > max_score) max_score = scores[j];
     float total = 0.0f;
-    for (int64_t j = 0; j < L; j++) {
+    for (j = 0; j < L; j++) {
         scores[j] = expf(scores[j] - max_score);
         total += scores[j];
     }
-    for (int64_t d = 0; d < D; d += 16) {
-        __m512 acc = _mm512_setzero_ps();
-        for (int64_t j = 0; j < L; j++)
-            acc = _mm512_fmadd_ps(_mm512_set1_ps(scores[j]), _mm512_loadu_ps(values + j * D + d), acc);
-        _mm512_storeu_ps(o + d, _mm512_mul_ps(acc, _mm512_set1_ps(1.0f / total)));
+    __m512 inv = _mm512_set1_ps(1.0f / total);
+    for (int64_t d = 0; d < D; d += 64) {  /* four lanes' accumulators at a time */
+        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+        for (j = 0; j < L; j++) {
+            __m512 p = _mm512_set1_ps(scores[j]);
+            const float *vr = values + j * D + d;
+            a0 = _mm512_fmadd_ps(p, _mm512_loadu_ps(vr), a0);
+            a1 = _mm512_fmadd_ps(p, _mm512_loadu_ps(vr + 16), a1);
+            a2 = _mm512_fmadd_ps(p, _mm512_loadu_ps(vr + 32), a2);
+            a3 = _mm512_fmadd_ps(p, _mm512_loadu_ps(vr + 48), a3);
+        }
+        _mm512_storeu_ps(o + d, _mm512_mul_ps(a0, inv));
+        _mm512_storeu_ps(o + d + 16, _mm512_mul_ps(a1, inv));
+        _mm512_storeu_ps(o + d + 32, _mm512_mul_ps(a2, inv));
+        _mm512_storeu_ps(o + d + 48, _mm512_mul_ps(a3, inv));
     }
 }
 
 __attribute__((target("avx2,fma")))
 static void attend_avx2(const float *q, const float *keys, const float *values, float *o, float *scores,
                         int64_t L, int64_t D, float scale) {
-    if (D % 8 != 0) {
+    if (D % 64 != 0) {
         attend_scalar(q, keys, values, o, scores, L, D, scale);
         return;
     }
     float max_score = -INFINITY;
-    for (int64_t j = 0; j < L; j++) {
+    int64_t j = 0;
+    for (; j + 4 <= L; j += 4) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+        const float *k0 = keys + j * D;
+        for (int64_t d = 0; d < D; d += 8) {
+            __m256 qv = _mm256_loadu_ps(q + d);
+            a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + d), a0);
+            a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + D + d), a1);
+            a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 2 * D + d), a2);
+            a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 3 * D + d), a3);
+        }
+        scores[j] = hsum_avx2(a0) * scale;
+        scores[j + 1] = hsum_avx2(a1) * scale;
+        scores[j + 2] = hsum_avx2(a2) * scale;
+        scores[j + 3] = hsum_avx2(a3) * scale;
+    }
+    for (; j < L; j++) {
         __m256 acc = _mm256_setzero_ps();
         for (int64_t d = 0; d < D; d += 8)
             acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(keys + j * D + d), acc);
         scores[j] = hsum_avx2(acc) * scale;
-        if (scores[j] > max_score) max_score = scores[j];
     }
+    for (j = 0; j < L; j++)
+        if (scores[j] > max_score) max_score = scores[j];
     float total = 0.0f;
-    for (int64_t j = 0; j < L; j++) {
+    for (j = 0; j < L; j++) {
         scores[j] = expf(scores[j] - max_score);
         total += scores[j];
     }
-    for (int64_t d = 0; d < D; d += 8) {
-        __m256 acc = _mm256_setzero_ps();
-        for (int64_t j = 0; j < L; j++)
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(scores[j]), _mm256_loadu_ps(values + j * D + d), acc);
-        _mm256_storeu_ps(o + d, _mm256_mul_ps(acc, _mm256_set1_ps(1.0f / total)));
+    __m256 inv = _mm256_set1_ps(1.0f / total);
+    for (int64_t d = 0; d < D; d += 64) {  /* eight lanes' accumulators at a time */
+        __m256 a[8];
+        for (int c = 0; c < 8; c++) a[c] = _mm256_setzero_ps();
+        for (j = 0; j < L; j++) {
+            __m256 p = _mm256_set1_ps(scores[j]);
+            const float *vr = values + j * D + d;
+            for (int c = 0; c < 8; c++) a[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 8 * c), a[c]);
+        }
+        for (int c = 0; c < 8; c++) _mm256_storeu_ps(o + d + 8 * c, _mm256_mul_ps(a[c], inv));
     }
 }
 #endif
@@ -479,6 +533,113 @@ void bp_decode_attention_f32(const float *q, const float *k_cache, const float *
         int64_t base = (slots[b] * KVH + h / group) * max_len * D;
         float *scores = (float *)PyMem_RawMalloc((size_t)L * sizeof(float));
         attend(q + bh * D, k_cache + base, v_cache + base, out + bh * D, scores, L, D, scale);
+        PyMem_RawFree(scores);
+    }
+}
+
+/* ---------------- prompt attention: consecutive rows of one slot ---------------- */
+
+#define PROMPT_ROWS 4
+
+#ifdef BP_X86
+/* R <= PROMPT_ROWS query rows of one head at consecutive positions; row r attends keys
+ * 0..L0+r-1. Each key and value row is loaded once for all R rows (the reason this
+ * exists: one row at a time reads every key R times), but every row's arithmetic is
+ * attend_avx2's: a key's score is one accumulator over D then one horizontal sum, an
+ * output lane one accumulator over the keys in order. So a prompt row has the bits of a
+ * decode step at its position. Needs D % 16 == 0. */
+__attribute__((target("avx2,fma")))
+static void attend_rows_avx2(const float *q, int64_t q_stride, const float *keys, const float *values, float *o,
+                             int64_t o_stride, float *scores, int R, int64_t L0, int64_t D, float scale) {
+    int64_t S = L0 + R;  /* each row's stretch of `scores` */
+    int64_t j = 0;
+    for (; j < L0; j++) {  /* keys every row sees */
+        __m256 acc[PROMPT_ROWS];
+        for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+        for (int64_t d = 0; d < D; d += 8) {
+            __m256 kv = _mm256_loadu_ps(keys + j * D + d);
+            for (int r = 0; r < R; r++) acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + r * q_stride + d), kv, acc[r]);
+        }
+        for (int r = 0; r < R; r++) scores[r * S + j] = hsum_avx2(acc[r]) * scale;
+    }
+    for (int r = 1; r < R; r++)  /* the later rows' own last keys */
+        for (j = L0; j < L0 + r; j++) {
+            __m256 acc = _mm256_setzero_ps();
+            for (int64_t d = 0; d < D; d += 8)
+                acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + r * q_stride + d), _mm256_loadu_ps(keys + j * D + d), acc);
+            scores[r * S + j] = hsum_avx2(acc) * scale;
+        }
+    float inv[PROMPT_ROWS];
+    for (int r = 0; r < R; r++) {
+        float *sr = scores + r * S, max_score = -INFINITY, total = 0.0f;
+        int64_t L = L0 + r;
+        for (j = 0; j < L; j++)
+            if (sr[j] > max_score) max_score = sr[j];
+        for (j = 0; j < L; j++) {
+            sr[j] = expf(sr[j] - max_score);
+            total += sr[j];
+        }
+        inv[r] = 1.0f / total;
+    }
+    for (int64_t d = 0; d < D; d += 16) {
+        __m256 a0[PROMPT_ROWS], a1[PROMPT_ROWS];
+        for (int r = 0; r < R; r++) a0[r] = a1[r] = _mm256_setzero_ps();
+        for (j = 0; j < L0; j++) {
+            __m256 v0 = _mm256_loadu_ps(values + j * D + d), v1 = _mm256_loadu_ps(values + j * D + d + 8);
+            for (int r = 0; r < R; r++) {
+                __m256 p = _mm256_set1_ps(scores[r * S + j]);
+                a0[r] = _mm256_fmadd_ps(p, v0, a0[r]);
+                a1[r] = _mm256_fmadd_ps(p, v1, a1[r]);
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            for (j = L0; j < L0 + r; j++) {
+                __m256 p = _mm256_set1_ps(scores[r * S + j]);
+                a0[r] = _mm256_fmadd_ps(p, _mm256_loadu_ps(values + j * D + d), a0[r]);
+                a1[r] = _mm256_fmadd_ps(p, _mm256_loadu_ps(values + j * D + d + 8), a1[r]);
+            }
+            __m256 iv = _mm256_set1_ps(inv[r]);
+            _mm256_storeu_ps(o + r * o_stride + d, _mm256_mul_ps(a0[r], iv));
+            _mm256_storeu_ps(o + r * o_stride + d + 8, _mm256_mul_ps(a1[r], iv));
+        }
+    }
+}
+#endif
+
+/* q, out: [n, H, D] at positions start..start+n-1 of one slot, whose keys are already in
+ * the cache; row i attends positions 0..start+i. Equal, row for row, to
+ * bp_decode_attention_f32 with lengths start+1..start+n. */
+void bp_prompt_attention_f32(const float *q, const float *k_cache, const float *v_cache, float *out, int64_t slot,
+                             int64_t start, int64_t n, int64_t H, int64_t KVH, int64_t D, int64_t max_len,
+                             float scale, int num_threads) {
+    attend_fn attend = attend_scalar;
+    int rows_at_once = 0;
+#ifdef BP_X86
+    switch (isa_level()) {
+    case 2: attend = attend_avx512; break;
+    case 1: attend = attend_avx2; rows_at_once = D % 64 == 0; break;
+    }
+#endif
+    int64_t group = H / KVH, blocks = (n + PROMPT_ROWS - 1) / PROMPT_ROWS;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads)
+    for (int64_t bh = 0; bh < blocks * H; bh++) {
+        /* The last blocks hold the longest rows: hand them out first. */
+        int64_t blk = blocks - 1 - bh / H, h = bh % H, r0 = blk * PROMPT_ROWS;
+        int R = (int)(n - r0 < PROMPT_ROWS ? n - r0 : PROMPT_ROWS);
+        int64_t L0 = start + r0 + 1;
+        const float *keys = k_cache + (slot * KVH + h / group) * max_len * D;
+        const float *values = v_cache + (slot * KVH + h / group) * max_len * D;
+        float *scores = (float *)PyMem_RawMalloc((size_t)(L0 + R) * R * sizeof(float));
+#ifdef BP_X86
+        if (rows_at_once) {
+            attend_rows_avx2(q + (r0 * H + h) * D, H * D, keys, values, out + (r0 * H + h) * D, H * D, scores, R, L0,
+                             D, scale);
+            PyMem_RawFree(scores);
+            continue;
+        }
+#endif
+        for (int r = 0; r < R; r++)
+            attend(q + ((r0 + r) * H + h) * D, keys, values, out + ((r0 + r) * H + h) * D, scores, L0 + r, D, scale);
         PyMem_RawFree(scores);
     }
 }

@@ -40,4 +40,7 @@ void bp_silu_mul_f32(const float *gate_up, float *y, int64_t rows, int64_t ffn);
 void bp_decode_attention_f32(const float *q, const float *k_cache, const float *v_cache, float *out,
                              const int64_t *slots, const int64_t *lengths, int64_t B, int64_t H, int64_t KVH,
                              int64_t D, int64_t max_len, float scale, int num_threads);
+void bp_prompt_attention_f32(const float *q, const float *k_cache, const float *v_cache, float *out, int64_t slot,
+                             int64_t start, int64_t n, int64_t H, int64_t KVH, int64_t D, int64_t max_len,
+                             float scale, int num_threads);
 #endif

@@ -30,6 +30,8 @@ def _library() -> ctypes.CDLL | None:
     lib.bp_silu_mul_f32.restype = None
     lib.bp_decode_attention_f32.argtypes = [ptr] * 6 + [i64] * 5 + [ctypes.c_float, ctypes.c_int]
     lib.bp_decode_attention_f32.restype = None
+    lib.bp_prompt_attention_f32.argtypes = [ptr] * 4 + [i64] * 7 + [ctypes.c_float, ctypes.c_int]
+    lib.bp_prompt_attention_f32.restype = None
     lib.bp_linear_q.argtypes = [ptr, ptr, ctypes.c_int, i64, ptr, ptr, i64, i64, i64, i64, ctypes.c_int,
                                 ctypes.c_int]
     lib.bp_linear_q.restype = None
@@ -182,6 +184,21 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         _ptr(q), _ptr(k_cache), _ptr(v_cache), _ptr(out), _ptr(slots), _ptr(lengths),
         b, h, kvh, d, max_len, scale, num_threads,
     )
+    return out
+
+
+def prompt_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot: int, start: int,
+                     scale: float, num_threads: int) -> torch.Tensor:
+    """q: [n, H, D] at positions start.. of `slot` -> [n, H, D]; row i equals
+    decode_attention's row with length start + i + 1."""
+    lib = _library()
+    assert lib is not None and k_cache.is_contiguous() and v_cache.is_contiguous()
+    q = q.contiguous()
+    n, h, d = q.shape
+    kvh, max_len = k_cache.shape[1], k_cache.shape[2]
+    out = torch.empty_like(q)
+    lib.bp_prompt_attention_f32(_ptr(q), _ptr(k_cache), _ptr(v_cache), _ptr(out), slot, start, n, h, kvh, d, max_len,
+                                scale, num_threads)
     return out
 
 

@@ -57,6 +57,7 @@ class TorchOps:
     def __init__(self, padded: bool) -> None:
         self.padded = padded
         self.batches_prefill = not padded  # a BLAS may block a row differently in company
+        self.reuses_prefixes = False  # a BLAS blocks a row by the chunk's row count
         self.decode_path = ("torch, every step padded to max_batch rows (batch-invariant)" if padded
                             else "torch, rows as they come (not batch-invariant)")
 
@@ -81,6 +82,20 @@ class TorchOps:
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
+
+    def prompt_attention(self, q: torch.Tensor, cache: KVCache, layer: int, slot: int, start: int,
+                         scale: float) -> torch.Tensor:
+        n = q.shape[0]
+        keys, values = cache.view(layer, slot, start + n)  # [kv_heads, start + n, hd]
+        mask = None
+        if start > 0:  # a later chunk also sees every earlier position
+            key_pos = torch.arange(start + n, device=q.device)
+            mask = key_pos[None, :] <= torch.arange(start, start + n, device=q.device)[:, None]
+        attn = F.scaled_dot_product_attention(
+            q.transpose(0, 1)[None], keys[None], values[None],
+            attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=True,
+        )  # [1, heads, n, hd]
+        return attn[0].transpose(0, 1)
 
     def decode_attention(self, q: torch.Tensor, cache: KVCache, layer: int, slots: torch.Tensor,
                          lengths: torch.Tensor, scale: float) -> torch.Tensor:
