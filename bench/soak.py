@@ -1,11 +1,13 @@
 """Soak test: many concurrent streams with random lengths, some clients hanging up mid-stream.
 
-    python bench/soak.py [--clients 64] [--seconds 60] [--disconnect 0.1] [--url URL]
+    python bench/soak.py [--clients 64] [--seconds 60] [--disconnect 0.1] [--prefix-cache-mb 64] [--url URL]
 
-Without --url it starts `batchproof serve` itself. Every request must either complete
-with one logprob entry per completion token, or get a clear error; afterwards the
-server must be idle with every slot free and its resident memory back near the level
-measured after a warm-up round.
+Without --url it starts `batchproof serve` itself (prefix cache on, with a small budget so
+that it fills and evicts). Every request must either complete with one logprob entry per
+completion token, or get a clear error; the prefix cache must never hold more than its
+budget (sampled every half second); afterwards the server must be idle with every slot
+free and its resident memory back near the level measured after a warm-up round, plus
+what the cache grew by.
 """
 
 import argparse
@@ -87,10 +89,21 @@ async def client_loop(url: str, seed: int, until: float, p_disconnect: float, ta
             tally[outcome] = tally.get(outcome, 0) + 1
 
 
-async def soak(url: str, clients: int, seconds: float, p_disconnect: float) -> dict:
+async def watch_cache(url: str, until: float, seen: dict) -> None:
+    """The prefix cache's bytes against its budget, every half second."""
+    async with httpx.AsyncClient(timeout=30) as client:
+        while time.monotonic() < until:
+            text = (await client.get(f"{url}/metrics")).text
+            seen["max_bytes"] = max(seen.get("max_bytes", 0), metric(text, "batchproof_prefix_cache_bytes"))
+            seen["budget"] = metric(text, "batchproof_prefix_cache_budget_bytes")
+            await asyncio.sleep(0.5)
+
+
+async def soak(url: str, clients: int, seconds: float, p_disconnect: float, seen: dict) -> dict:
     tally: dict = {}
     until = time.monotonic() + seconds
-    await asyncio.gather(*(client_loop(f"{url}/v1/chat/completions", i, until, p_disconnect, tally)
+    await asyncio.gather(watch_cache(url, until, seen),
+                         *(client_loop(f"{url}/v1/chat/completions", i, until, p_disconnect, tally)
                            for i in range(clients)))
     return tally
 
@@ -112,13 +125,14 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--disconnect", type=float, default=0.1)
+    parser.add_argument("--prefix-cache-mb", type=int, default=64)
     args = parser.parse_args()
     process = None
     url = args.url
     if url is None:
         port = free_port()
-        process = subprocess.Popen([sys.executable, "-m", "batchproof", "serve", "--port", str(port)],
-                                   stderr=subprocess.DEVNULL)
+        process = subprocess.Popen([sys.executable, "-m", "batchproof", "serve", "--port", str(port),
+                                    "--prefix-cache-mb", str(args.prefix_cache_mb)], stderr=subprocess.DEVNULL)
         url = f"http://127.0.0.1:{port}"
         while True:
             try:
@@ -127,11 +141,12 @@ def main() -> int:
             except httpx.HTTPError:
                 time.sleep(0.2)
     try:
-        asyncio.run(soak(url, args.clients, 10, args.disconnect))  # warm-up: every slot and its KV touched
+        seen: dict = {}
+        asyncio.run(soak(url, args.clients, 10, args.disconnect, seen))  # warm-up: every slot and its KV touched
         before = wait_idle(url)
         rss_before = rss_mb(process.pid) if process else float("nan")
         started = time.monotonic()
-        tally = asyncio.run(soak(url, args.clients, args.seconds, args.disconnect))
+        tally = asyncio.run(soak(url, args.clients, args.seconds, args.disconnect, seen))
         elapsed = time.monotonic() - started
         after = wait_idle(url)
         rss_after = rss_mb(process.pid) if process else float("nan")
@@ -146,11 +161,18 @@ def main() -> int:
           f"{metric(after, 'batchproof_free_slots'):.0f}; running after: "
           f"{metric(after, 'batchproof_running_requests'):.0f}; "
           f"queue after: {metric(after, 'batchproof_queue_depth'):.0f}")
-    print(f"resident memory after warm-up / after soak: {rss_before:.0f} MB / {rss_after:.0f} MB")
+    cache_growth = (metric(after, "batchproof_prefix_cache_bytes") - metric(before, "batchproof_prefix_cache_bytes"))
+    cache_growth = 0.0 if cache_growth != cache_growth else cache_growth / 2**20  # NaN: the cache is off
+    print(f"resident memory after warm-up / after soak: {rss_before:.0f} MB / {rss_after:.0f} MB "
+          f"(the prefix cache grew {cache_growth:.0f} MB)")
+    over_budget = seen.get("max_bytes", 0) > seen.get("budget", float("inf"))
+    print(f"prefix cache: at most {seen.get('max_bytes', 0) / 2**20:.1f} MB held, "
+          f"budget {seen.get('budget', float('nan')) / 2**20:.0f} MB")
     leaked = (metric(after, "batchproof_free_slots") != metric(before, "batchproof_free_slots")
-              or metric(after, "batchproof_running_requests") != 0 or rss_after > rss_before * 1.1)
-    if bad or leaked:
-        print(f"soak: FAILED ({bad or 'leak'})")
+              or metric(after, "batchproof_running_requests") != 0
+              or rss_after > (rss_before + cache_growth) * 1.1)
+    if bad or leaked or over_budget:
+        print(f"soak: FAILED ({bad or ('prefix cache over budget' if over_budget else 'leak')})")
         return 1
     print("soak: OK")
     return 0

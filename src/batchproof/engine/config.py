@@ -38,6 +38,12 @@ class EngineConfig:
         metadata={"help": "native: matmul weights stay in their GGUF blocks (our kernels dequantize as they "
                           "multiply, bitwise the float32 result); float32: dequantized at load"},
     )
+    prefix_cache: bool = field(
+        default=True,
+        metadata={"help": "reuse the keys and values of prompt prefixes already computed (bitwise the same "
+                          "results; only where the kernels make it exact)"},
+    )
+    prefix_cache_mb: int = field(default=1024, metadata={"help": "memory the prefix cache may hold, in MiB"})
 
     def __post_init__(self) -> None:
         require(self.max_batch >= 1, f"max_batch must be >= 1, got {self.max_batch}")
@@ -50,6 +56,7 @@ class EngineConfig:
             self.num_threads is None or self.num_threads >= 1,
             f"num_threads must be >= 1, got {self.num_threads}",
         )
+        require(self.prefix_cache_mb >= 0, f"prefix_cache_mb must be >= 0, got {self.prefix_cache_mb}")
         require(self.max_prefill_tokens >= 1, f"max_prefill_tokens must be >= 1, got {self.max_prefill_tokens}")
         require(
             self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),

@@ -17,6 +17,7 @@ from batchproof.engine.model.gguf_file import ModelLoadError, ModelSpec, read_mo
 from batchproof.engine.model.ops import KernelOps, choose_ops, kernels
 from batchproof.engine.model.transformer import Transformer
 from batchproof.engine.outputs import OutputProcessor
+from batchproof.engine.prefix_cache import PrefixCache
 from batchproof.engine.runner import ModelRunner
 from batchproof.engine.sampling_params import SamplingParams
 from batchproof.engine.scheduler import Scheduler
@@ -26,6 +27,7 @@ from batchproof.engine.tokenizer import Tokenizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_MAX_MODEL_LEN = 8192
+PREFIX_BLOCK_TOKENS = 16  # vLLM's default block: fine enough that a shared system prompt loses < 16 tokens
 
 
 @dataclass
@@ -77,16 +79,27 @@ class Engine:
         s = self.spec
         self.cache = KVCache(s.num_layers, config.max_batch, s.num_kv_heads, self.max_model_len, s.head_dim,
                              self.device, self.dtype)
-        self.runner = ModelRunner(self.model, self.cache, config.max_batch, config.max_prefill_tokens)
-        self.scheduler = Scheduler(config.max_batch, config.max_prefill_tokens)
-        self.end_ids = self.tokenizer.ids.end_of_turn_ids
         self.model_sha256 = file_sha256(self.model_path)
+        self.prefix_cache = self._prefix_cache()
+        self.runner = ModelRunner(self.model, self.cache, config.max_batch, config.max_prefill_tokens,
+                                  self.prefix_cache)
+        self.scheduler = Scheduler(config.max_batch, config.max_prefill_tokens,
+                                   self.runner.keep_retired if self.prefix_cache is not None else None)
+        self.end_ids = self.tokenizer.ids.end_of_turn_ids
         self.load_time_s = time.perf_counter() - started
         self._sequences: dict[str, Sequence] = {}
         self._batch_start: float | None = None
         self._batch_max = 0
         self.outputs = OutputProcessor(self._sequences, self.end_ids, self.max_model_len,
                                        self.model.ops.normalizer_and_top_k)
+
+    def _prefix_cache(self) -> PrefixCache | None:
+        """Only where a position's bits cannot depend on who computed it (our kernels)."""
+        if not self.config.prefix_cache or not self.model.ops.reuses_prefixes:
+            return None
+        # The key's seed names everything that shapes the bits: model file, weights, kernels.
+        identity = f"{self.model_sha256}|{self.weights}|{self.config.dtype}|{self.model.ops.decode_path}"
+        return PrefixCache(PREFIX_BLOCK_TOKENS, self.config.prefix_cache_mb * 2**20, identity)
 
     def _spelling(self, token_id: int | None) -> str:
         return "" if token_id is None else self.tokenizer.spelling(token_id)
@@ -190,6 +203,13 @@ class Engine:
         self.take_batch_summary()
         return deltas
 
+    def prefix_cache_info(self) -> dict:
+        if self.prefix_cache is None:
+            reason = ("off (--no-prefix-cache)" if not self.config.prefix_cache
+                      else "off: this decode path cannot promise the same bits from reused keys")
+            return {"enabled": False, "reason": reason}
+        return {"enabled": True, **self.prefix_cache.info()}
+
     def info(self) -> dict:
         """Everything that shapes the numbers, for /v1/server_info and bench reports."""
         return {
@@ -206,6 +226,7 @@ class Engine:
             "decode_path": self.model.ops.decode_path,
             "weights": self.weights,
             "weights_bytes": self.model.weights_nbytes,
+            "prefix_cache": self.prefix_cache_info(),
             "num_threads": self.num_threads,
             "torch_version": torch.__version__,
         }

@@ -37,3 +37,13 @@ class KVCache:
     def view(self, layer: int, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """[num_kv_heads, length, head_dim] keys and values of one slot."""
         return self.k[layer, slot, :, :length], self.v[layer, slot, :, :length]
+
+    def write_block(self, slot: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v: [num_layers, num_kv_heads, n, head_dim] for positions start..start+n-1 of one slot."""
+        n = k.shape[2]
+        self.k[:, slot, :, start:start + n] = k
+        self.v[:, slot, :, start:start + n] = v
+
+    def read_block(self, slot: int, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A copy of positions start..start+n-1 of one slot, every layer: [num_layers, num_kv_heads, n, head_dim]."""
+        return self.k[:, slot, :, start:start + n].clone(), self.v[:, slot, :, start:start + n].clone()

@@ -134,6 +134,7 @@ class OutputProcessor:
             request_id=seq.request_id, text=delta.text, records=delta.records,
             num_prompt_tokens=len(seq.prompt_ids), num_output_tokens=len(seq.output_ids),
             finish_reason=seq.finish_reason, error=seq.error, num_kept_tokens=seq.text.num_kept_tokens,
+            num_cached_tokens=seq.num_cached_tokens,
         )
 
     def retired(self, retired: list[Sequence]) -> list[RequestOutput]:

@@ -1,6 +1,7 @@
 """Iteration-level scheduling in plain Python: who is prefilled, who decodes, which slot."""
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from batchproof.engine.sequence import Sequence, Status
@@ -14,8 +15,10 @@ class ScheduledStep:
 
 
 class Scheduler:
-    def __init__(self, max_batch: int, max_prefill_tokens: int) -> None:
+    def __init__(self, max_batch: int, max_prefill_tokens: int,
+                 on_retire: Callable[[Sequence], None] | None = None) -> None:
         self.max_batch = max_batch
+        self.on_retire = on_retire  # sees each sequence while its slot still holds its keys
         self.max_prefill_tokens = max_prefill_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -37,6 +40,8 @@ class Scheduler:
     def _retire(self) -> list[Sequence]:
         retired = [s for s in self.running if s.is_aborted or s.status is Status.FINISHED]
         for seq in retired:
+            if self.on_retire is not None:
+                self.on_retire(seq)
             self.free_slots.append(seq.slot)
             seq.slot = None
             seq.status = Status.FINISHED

@@ -31,6 +31,7 @@ class RequestOutput:
     error: str | None = None
     prompt_records: list[TokenRecord | None] | None = None  # echo scoring, on the first delta
     num_kept_tokens: int = 0  # output tokens whose bytes reach the reply (all, unless a stop string cut)
+    num_cached_tokens: int = 0  # prompt tokens whose keys and values came from the prefix cache
 
 
 @dataclass
@@ -47,6 +48,8 @@ class Sequence:
     output_counts: Counter[int] = field(default_factory=Counter)
     seen_ids: set[int] = field(default_factory=set)
     is_aborted: bool = False
+    num_computed: int = 0  # leading positions whose keys and values are in the slot
+    num_cached_tokens: int = 0  # of the prompt's, copied from the prefix cache
     finish_reason: str | None = None
     error: str | None = None
 

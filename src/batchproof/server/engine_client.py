@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Protocol
 
 from batchproof.engine.chat_template import ChatTemplate
+from batchproof.engine.prefix_cache import PrefixCache
 from batchproof.engine.tokenizer import Tokenizer
 
 
@@ -14,6 +15,7 @@ class EngineClient(Protocol):
     chat_template: ChatTemplate
     max_model_len: int
     model_path: Path
+    prefix_cache: PrefixCache | None  # its counters and bytes go to /metrics; None when off
 
     def chat_prompt_ids(self, messages: list[dict]) -> list[int]:
         """The chat template rendered for a reply, tokenized as the model expects."""

@@ -1,6 +1,7 @@
 """Prometheus metrics on a registry of the app's own (no process-global state)."""
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 # One bucket per batch size up to the default max batch, so the probe can read the
@@ -25,12 +26,39 @@ class Metrics:
         self.token_latency = Histogram("batchproof_time_per_output_token_seconds",
                                        "time between consecutive generated tokens of a request",
                                        buckets=LATENCY_BUCKETS, registry=r)
+        self.prefix_cache = PrefixCacheCollector()
+        r.register(self.prefix_cache)
         self.batch_size = Histogram("batchproof_batch_size",
                                     "per completed batch: the most sequences decoded together",
                                     buckets=BATCH_SIZE_BUCKETS, registry=r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class PrefixCacheCollector:
+    """The engine's prefix-cache counters, read at each scrape (the engine owns them)."""
+
+    def __init__(self) -> None:
+        self.cache = None  # the engine's PrefixCache, once loaded (None: off or loading)
+
+    def collect(self):
+        cache = self.cache
+        if cache is None:
+            return
+        stats = cache.stats
+        yield CounterMetricFamily("batchproof_prefix_cache_queries", "prompt tokens looked up in the prefix cache",
+                                  value=stats.queried_tokens)
+        yield CounterMetricFamily("batchproof_prefix_cache_hits", "prompt tokens served from the prefix cache",
+                                  value=stats.hit_tokens)
+        yield CounterMetricFamily("batchproof_prefix_cache_misses", "prompt tokens the prefix cache did not hold",
+                                  value=stats.queried_tokens - stats.hit_tokens)
+        yield CounterMetricFamily("batchproof_prefix_cache_evictions", "blocks evicted from the prefix cache",
+                                  value=stats.evicted_blocks)
+        yield GaugeMetricFamily("batchproof_prefix_cache_bytes", "bytes held by the prefix cache", value=cache.nbytes)
+        yield GaugeMetricFamily("batchproof_prefix_cache_budget_bytes", "bytes the prefix cache may hold",
+                                value=cache.budget_bytes)
+        yield GaugeMetricFamily("batchproof_prefix_cache_blocks", "blocks held by the prefix cache", value=len(cache))
 
 
 class RequestCounter:

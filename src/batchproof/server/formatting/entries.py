@@ -76,12 +76,14 @@ def prompt_logprobs(tokenizer: Tokenizer, prompt_ids: list[int], records: list[T
     return result
 
 
-def usage(num_prompt: int, num_completion: int) -> dict:
+def usage(num_prompt: int, num_completion: int, num_cached: int = 0) -> dict:
+    """As OpenAI's: prompt_tokens_details.cached_tokens counts prompt tokens the prefix cache served."""
     return {"prompt_tokens": num_prompt, "completion_tokens": num_completion,
-            "total_tokens": num_prompt + num_completion}
+            "total_tokens": num_prompt + num_completion, "prompt_tokens_details": {"cached_tokens": num_cached}}
 
 
 def summed_usage(lasts: list[RequestOutput], n: int) -> dict:
     """Usage of a request's choices (each one's last delta, in index order): each prompt counted
-    once (its n choices share it), every choice's completion counted."""
-    return usage(sum(out.num_prompt_tokens for out in lasts[::n]), sum(out.num_output_tokens for out in lasts))
+    once (its n choices share it; the first choice's cache hits count), every choice's completion counted."""
+    return usage(sum(out.num_prompt_tokens for out in lasts[::n]), sum(out.num_output_tokens for out in lasts),
+                 sum(out.num_cached_tokens for out in lasts[::n]))

@@ -50,6 +50,7 @@ async def metrics(request: Request) -> Response:
         state.metrics.queue_depth.set(state.async_engine.num_waiting)
         state.metrics.running.set(state.async_engine.num_running)
         state.metrics.free_slots.set(state.async_engine.num_free_slots)
+        state.metrics.prefix_cache.cache = state.engine.prefix_cache
     return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
