@@ -40,6 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--band-repeats", type=int, default=3, help="runs per ladder rung (the median run is kept)")
     parser.add_argument("--invariance-cost", action="store_true",
                         help="also measure the invariant engine against plain torch at batch 1, 4, 8, 16")
+    parser.add_argument("--prefix-cache", action="store_true",
+                        help="only measure the prefix cache: two servers (on and off), TTFT of a cached system "
+                             "prompt, c=16 with distinct prompts, an lm-eval multiple-choice run")
     parser.add_argument("--json", type=Path, help="also write every figure to this file")
 
 
@@ -282,6 +285,8 @@ def ratios(results: dict) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.prefix_cache:
+        return run_prefix_cache(args)
     ladder = [int(c) for c in args.concurrency.split(",") if c.strip()]
     results: dict = {"machine": {"cpus": os.cpu_count(), "host": socket.gethostname()}}
     process = None
@@ -337,4 +342,18 @@ def run(args: argparse.Namespace) -> int:
     results["ratios"] = ratios(results)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, default=str) + "\n")
+    return 0
+
+
+def run_prefix_cache(args: argparse.Namespace) -> int:
+    from batchproof.commands import prefix_cache_bench
+
+    try:
+        figures = prefix_cache_bench.measure(args, start_server, served_model)
+    except RuntimeError as e:
+        print(f"batchproof bench: {e}", file=sys.stderr)
+        return 1
+    prefix_cache_bench.report(figures)
+    if args.json:
+        args.json.write_text(json.dumps({"prefix_cache": figures}, indent=1, default=str) + "\n")
     return 0

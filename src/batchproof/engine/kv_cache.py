@@ -1,5 +1,6 @@
 """The KV cache: one fixed region per batch slot, so a sequence's keys never move."""
 
+import numpy as np
 import torch
 
 
@@ -38,12 +39,17 @@ class KVCache:
         """[num_kv_heads, length, head_dim] keys and values of one slot."""
         return self.k[layer, slot, :, :length], self.v[layer, slot, :, :length]
 
+    # The prefix cache's copies (it runs only with the CPU kernels, so these tensors are on
+    # the CPU). Through numpy: one thread, because torch splits a copy this size over its
+    # OpenMP threads, and on a busy two-core machine that made a 46 MB copy take a second.
+
     def write_block(self, slot: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """k, v: [num_layers, num_kv_heads, n, head_dim] for positions start..start+n-1 of one slot."""
         n = k.shape[2]
-        self.k[:, slot, :, start:start + n] = k
-        self.v[:, slot, :, start:start + n] = v
+        np.copyto(self.k[:, slot, :, start:start + n].numpy(), k.numpy())
+        np.copyto(self.v[:, slot, :, start:start + n].numpy(), v.numpy())
 
     def read_block(self, slot: int, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A copy of positions start..start+n-1 of one slot, every layer: [num_layers, num_kv_heads, n, head_dim]."""
-        return self.k[:, slot, :, start:start + n].clone(), self.v[:, slot, :, start:start + n].clone()
+        return (torch.from_numpy(self.k[:, slot, :, start:start + n].numpy().copy()),
+                torch.from_numpy(self.v[:, slot, :, start:start + n].numpy().copy()))

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from batchproof.engine.model.gguf_reader import GGUFFormatError, TensorInfo, read_gguf
 from batchproof.engine.model.weights import RawTensor
 
 GGUF_MAGIC = b"GGUF"
@@ -82,9 +83,17 @@ class ModelFile:
     tensors: dict[str, np.ndarray | RawTensor]
 
 
-def _open_reader(path: Path) -> Any:
+def _tensor_bytes(type_id: int, dims: tuple[int, ...]) -> int | None:
     import gguf
 
+    try:
+        block_size, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(type_id)]
+    except (ValueError, KeyError):
+        return None
+    return int(np.prod(dims, dtype=np.int64)) // block_size * type_size
+
+
+def _open(path: Path) -> tuple[dict[str, Any], list[TensorInfo]]:
     if not path.exists():
         raise ModelLoadError(f"{path}: no such file")
     if not path.is_file():
@@ -94,22 +103,9 @@ def _open_reader(path: Path) -> Any:
     if magic != GGUF_MAGIC:
         raise ModelLoadError(f"{path}: not a GGUF file (starts with {magic!r}, expected b'GGUF')")
     try:
-        return gguf.GGUFReader(path, "r")
-    except Exception as e:  # the reader raises whatever numpy or struct raised on a short file
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise ModelLoadError(f"{path}: truncated or corrupt GGUF file ({reason})") from None
-
-
-def _metadata(reader: Any, path: Path) -> dict[str, Any]:
-    values: dict[str, Any] = {}
-    for name, field in reader.fields.items():
-        if name.startswith("GGUF."):
-            continue
-        try:
-            values[name] = field.contents()
-        except Exception as e:
-            raise ModelLoadError(f"{path}: unreadable metadata key {name!r} ({e})") from None
-    return values
+        return read_gguf(path, _tensor_bytes)
+    except (GGUFFormatError, ValueError, OSError) as e:
+        raise ModelLoadError(f"{path}: truncated or corrupt GGUF file ({e})") from None
 
 
 def _spec(meta: dict[str, Any], tensors: dict[str, np.ndarray | RawTensor], path: Path) -> ModelSpec:
@@ -154,48 +150,45 @@ def _our_name(gguf_name: str) -> str | None:
     return GLOBAL_TENSOR_NAMES.get(gguf_name)
 
 
-def _dequantize(reader_tensor: Any, path: Path) -> np.ndarray:
+def _dequantize(tensor: TensorInfo, path: Path) -> np.ndarray:
     import gguf.quants
 
-    qtype = reader_tensor.tensor_type
+    qtype = gguf.GGMLQuantizationType(tensor.type_id)
     try:
-        values = gguf.quants.dequantize(reader_tensor.data, qtype)
+        values = gguf.quants.dequantize(tensor.data, qtype)
     except (NotImplementedError, KeyError, ValueError, TypeError) as e:
         raise ModelLoadError(
-            f"{path}: tensor {reader_tensor.name!r} has type {qtype.name}, which we cannot read ({e})"
+            f"{path}: tensor {tensor.name!r} has type {qtype.name}, which we cannot read ({e})"
         ) from None
-    # GGUF lists dims fastest-first; PyTorch wants [out, in].
-    shape = tuple(int(d) for d in reversed(reader_tensor.shape))
-    values = np.ascontiguousarray(values.reshape(shape), dtype=np.float32)
+    values = np.ascontiguousarray(values.reshape(tensor.shape), dtype=np.float32)
     # F32 tensors come back as read-only views of the mapped file; torch wants its own copy.
     return values if values.flags.writeable else values.copy()
 
 
-def _raw(reader_tensor: Any, path: Path, runs_natively: Callable[[int], bool]) -> RawTensor:
-    qtype = reader_tensor.tensor_type
-    if not runs_natively(int(qtype)):
-        raise ModelLoadError(f"{path}: tensor {reader_tensor.name!r} has type {qtype.name}, which the native "
+def _raw(tensor: TensorInfo, path: Path, runs_natively: Callable[[int], bool]) -> RawTensor:
+    import gguf
+
+    if not runs_natively(tensor.type_id):
+        type_name = gguf.GGMLQuantizationType(tensor.type_id).name
+        raise ModelLoadError(f"{path}: tensor {tensor.name!r} has type {type_name}, which the native "
                              "kernels do not run; --weights float32 runs it dequantized")
-    shape = tuple(int(d) for d in reversed(reader_tensor.shape))
-    data = np.asarray(reader_tensor.data).view(np.uint8).reshape(shape[0], -1)
-    return RawTensor(data, int(qtype), shape)
+    return RawTensor(tensor.data.reshape(tensor.shape[0], -1), tensor.type_id, tensor.shape)
 
 
 def read_model_file(path: Path, runs_natively: Callable[[int], bool] | None = None) -> ModelFile:
     """runs_natively: keep the matmul weights whose type it accepts as RawTensor blocks
     (any other type is refused, naming the tensor); None dequantizes everything."""
     path = Path(path)
-    reader = _open_reader(path)
-    meta = _metadata(reader, path)
+    meta, file_tensors = _open(path)
     tensors: dict[str, np.ndarray | RawTensor] = {}
-    for reader_tensor in reader.tensors:
-        name = _our_name(reader_tensor.name)
+    for tensor in file_tensors:
+        name = _our_name(tensor.name)
         if name is None:
             continue
-        is_float32 = reader_tensor.tensor_type == 0  # F32 blocks are float32 already: a plain array
+        is_float32 = tensor.type_id == 0  # F32 blocks are float32 already: a plain array
         if runs_natively is not None and name.rsplit(".", 1)[-1] in MATMUL_WEIGHTS and not is_float32:
-            tensors[name] = _raw(reader_tensor, path, runs_natively)
+            tensors[name] = _raw(tensor, path, runs_natively)
         else:
-            tensors[name] = _dequantize(reader_tensor, path)
+            tensors[name] = _dequantize(tensor, path)
     spec = _spec(meta, tensors, path)
     return ModelFile(path=path, spec=spec, metadata=meta, tensors=tensors)

@@ -1,0 +1,156 @@
+"""What the prefix cache buys and costs, over HTTP: two servers started side by side (cache
+on, and `--no-prefix-cache`), measured in interleaved rounds. Used by
+`batchproof bench --prefix-cache`; docs/prefix-cache.md quotes its figures.
+
+- TTFT of a request whose ~1,000-token system prompt is cached, against the same request
+  cold (each round's system prompt opens with its own words, so it is new to the server);
+- aggregate decode at c=16 with 16 distinct prompts (nothing shared: the bookkeeping alone);
+- lm-evaluation-harness's multiple-choice run (four continuations of one ~500-token
+  context, bench/tasks/) on each server: wall time, and whether every log-likelihood is equal.
+"""
+
+import argparse
+import asyncio
+import copy
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SYSTEM = ("You are the reference desk of a maritime museum. Visitors ask about ships, charts, instruments, "
+          "voyages and the people who sailed them. Answer in one or two sentences, name the gallery where "
+          "the object can be seen, and say when you are not sure. ") * 20
+QUESTIONS = ("What is an astrolabe?", "Where is the captain's log kept?")
+WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet")
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _opening(n: int) -> str:
+    return " ".join(WORDS[int(d)] for d in str(n))
+
+
+def _chat(system: str, question: str, max_tokens: int, model: str | None) -> dict:
+    body = {"messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
+            "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
+    return body | ({"model": model} if model else {})
+
+
+async def _fire(url: str, bodies: list[dict]) -> tuple[float, list]:
+    from batchproof.probe.stream import StreamRequest, fire
+
+    started = time.perf_counter()
+    results = await asyncio.gather(*(fire(StreamRequest(url=f"{url}/v1/chat/completions", body=body, headers={},
+                                                        timeout_s=900)) for body in bodies))
+    errors = [r.error for r in results if r.error]
+    if errors:
+        raise RuntimeError(f"{url}: {errors[0]}")
+    return time.perf_counter() - started, results
+
+
+def ttft_pair(url: str, model: str | None, round_number: int) -> tuple[float, float]:
+    """(cold, cached) time to first token: a new system prompt, then the same one again
+    with another question."""
+    system = f"{_opening(round_number)}. {SYSTEM}"
+    times = []
+    for question in QUESTIONS:
+        _, (result,) = asyncio.run(_fire(url, [_chat(system, question, 1, model)]))
+        times.append(result.arrivals[0])
+    return times[0], times[1]
+
+
+def distinct_band(url: str, model: str | None, round_number: int, c: int, max_tokens: int) -> float:
+    """Aggregate tokens per second of c concurrent requests whose prompts share nothing."""
+    bodies = [_chat("", f"{_opening(round_number * 100 + i)}. Write about the sea.", max_tokens, model)
+              for i in range(c)]
+    for body in bodies:
+        body["messages"] = body["messages"][1:]  # no system prompt: the prompts differ from their first token
+    wall, results = asyncio.run(_fire(url, bodies))
+    return sum(r.completion_tokens or 0 for r in results) / wall
+
+
+def lm_eval_run(url: str, out: Path) -> tuple[float, list[float]]:
+    """lm-eval's local-completions on the bench task: wall seconds, every log-likelihood in order."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "HF_HOME": str(out / "hf"), "TOKENIZERS_PARALLELISM": "false"}
+    command = [sys.executable, "-m", "lm_eval", "--model", "local-completions", "--model_args",
+               f"base_url={url}/v1/completions", "--tasks", "batchproof_prefix_mc", "--include_path", "bench/tasks",
+               "--output_path", str(out / "results"), "--log_samples"]
+    started = time.perf_counter()
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600)
+    wall = time.perf_counter() - started
+    if done.returncode != 0:
+        raise RuntimeError(f"lm_eval failed: {done.stderr[-2000:]}")
+    values = []
+    for path in sorted((out / "results").rglob("samples_*.jsonl")):
+        for line in path.read_text().splitlines():
+            sample = json.loads(line)
+            values += [float(resp[0][0]) for resp in sample["resps"]]
+    return wall, values
+
+
+def measure(args: argparse.Namespace, start_server, served_model) -> dict:
+    """Both servers up at once (one idles while the other is measured), rounds interleaved."""
+    import tempfile
+
+    servers = {}
+    try:
+        for name, flags in (("cache", []), ("no_cache", ["--no-prefix-cache"])):
+            server_args = copy.copy(args)
+            server_args.serve_arg = [*args.serve_arg, *flags]
+            servers[name] = start_server(server_args)
+        urls = {name: url for name, (_, url) in servers.items()}
+        models = {name: served_model(url) for name, url in urls.items()}
+        ttft = {"cold": [], "cached": []}
+        bands: dict[str, list[float]] = {name: [] for name in urls}
+        for r in range(args.repeats):
+            cold, cached = ttft_pair(urls["cache"], models["cache"], 1000 + r)
+            ttft["cold"].append(cold)
+            ttft["cached"].append(cached)
+            for name in urls:
+                bands[name].append(distinct_band(urls[name], models[name], 2000 + 2 * r + (name == "cache"), 16,
+                                                 args.max_tokens))
+        figures: dict = {
+            "ttft_cold_s": statistics.median(ttft["cold"]), "ttft_cached_s": statistics.median(ttft["cached"]),
+            "ttft_runs": ttft,
+            "c16_distinct_tok_s": {name: statistics.median(v) for name, v in bands.items()}, "c16_runs": bands,
+        }
+        figures["ttft_cached_over_cold"] = figures["ttft_cached_s"] / figures["ttft_cold_s"]
+        c16 = figures["c16_distinct_tok_s"]
+        figures["c16_cache_over_no_cache"] = c16["cache"] / c16["no_cache"]
+        try:
+            import lm_eval  # noqa: F401  (the test extra)
+        except ImportError:
+            figures["lm_eval"] = "not installed (pip install -e '.[test]')"
+        else:
+            runs = {}
+            for name in ("no_cache", "cache"):
+                with tempfile.TemporaryDirectory() as out:
+                    runs[name] = lm_eval_run(urls[name], Path(out))
+            figures["lm_eval"] = {"wall_s": {name: run[0] for name, run in runs.items()},
+                                  "speedup": runs["no_cache"][0] / runs["cache"][0],
+                                  "loglikelihoods": len(runs["cache"][1]),
+                                  "identical": runs["cache"][1] == runs["no_cache"][1]}
+    finally:
+        for process, _ in servers.values():
+            process.terminate()
+            process.wait(timeout=30)
+    return figures
+
+
+def report(figures: dict) -> None:
+    print("prefix cache (two servers, interleaved rounds):")
+    print(f"  TTFT, ~1,000-token system prompt: cold {figures['ttft_cold_s'] * 1000:.0f} ms, cached "
+          f"{figures['ttft_cached_s'] * 1000:.0f} ms ({figures['ttft_cached_over_cold']:.1%} of cold)")
+    c16 = figures["c16_distinct_tok_s"]
+    print(f"  c=16, 16 distinct prompts: {c16['cache']:.1f} tok/s with the cache, {c16['no_cache']:.1f} without "
+          f"({figures['c16_cache_over_no_cache']:.3f}x)")
+    lm = figures["lm_eval"]
+    if isinstance(lm, dict):
+        print(f"  lm-eval multiple choice ({lm['loglikelihoods']} log-likelihoods): {lm['wall_s']['no_cache']:.1f} s "
+              f"without, {lm['wall_s']['cache']:.1f} s with ({lm['speedup']:.2f}x); identical: {lm['identical']}")
+    else:
+        print(f"  lm-eval: {lm}")
