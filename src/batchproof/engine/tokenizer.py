@@ -99,7 +99,8 @@ def _byte_level(metadata: dict[str, Any], tokens: list[str], types: list[int]) -
 
 def _sentencepiece(metadata: dict[str, Any], tokens: list[str], types: list[int]) -> tuple[HFTokenizer, list[bytes]]:
     """SentencePiece (`llama`): scores, "▁" for a space, byte fallback (spm_tokenizer.py)."""
-    return spm_tokenizer.build(metadata, tokens, types), [spm_tokenizer.token_bytes(t, k) for t, k in zip(tokens, types)]
+    token_bytes = [spm_tokenizer.token_bytes(t, kind) for t, kind in zip(tokens, types)]
+    return spm_tokenizer.build(metadata, tokens, types), token_bytes
 
 
 # tokenizer.ggml.model -> how the tokenizer is built from the file

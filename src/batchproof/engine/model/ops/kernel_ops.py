@@ -11,7 +11,6 @@ from batchproof.engine.model.ops import kernels, torch_ops
 from batchproof.engine.model.ops.base import HeadLayout, RopeTables
 from batchproof.engine.model.weights import QuantWeight
 
-
 # The architectures whose decode layer layers.c runs: pre-norm, fused QKV (bias optional),
 # SiLU MLP, one RoPE, full attention.
 FUSED_ARCHS = frozenset({"llama", "qwen2"})
