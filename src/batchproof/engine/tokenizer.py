@@ -156,6 +156,10 @@ class Tokenizer:
     def spelling(self, token_id: int) -> str:
         return self.tokens[token_id]
 
+    def special_spellings(self) -> set[str]:
+        """The spellings of the control and user-defined tokens (what a chat format is written in)."""
+        return {self.tokens[i] for i in self.special_ids}
+
 
 def incremental_utf8_decoder() -> codecs.IncrementalDecoder:
     """Releases a character only once all its bytes have arrived."""
