@@ -170,7 +170,7 @@ def _gemma3_spec(meta: dict[str, Any], dim: int, num_heads: int, head_dim: int, 
     return {
         "attn_scale": 1.0 / math.sqrt(scalar),
         "sliding_window": int(meta.get("gemma3.attention.sliding_window", 0)),
-        "swa_pattern": int(meta.get("gemma3.attention.sliding_window_pattern", GEMMA3_SWA_PATTERN)),
+        "swa_pattern": GEMMA3_SWA_PATTERN,
         "rope_base_local": float(meta.get("gemma3.rope.freq_base_swa", GEMMA3_LOCAL_ROPE_BASE)),
         "rope_linear_factor": float(meta.get("gemma3.rope.scaling.factor", 1.0)) if scaling == "linear" else 1.0,
         "mlp_act": "gelu_tanh",
