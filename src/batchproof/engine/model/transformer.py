@@ -75,7 +75,8 @@ class Transformer:
         self.kv_dim = spec.num_kv_heads * spec.head_dim
         self.scale = spec.attn_scale
         # Hugging Face casts Gemma's sqrt(dim) to the weights' dtype before multiplying.
-        self.embed_scale = None if spec.embed_scale is None else torch.tensor(spec.embed_scale, dtype=final_norm.dtype)
+        self.embed_scale = (None if spec.embed_scale is None
+                            else torch.tensor(spec.embed_scale, dtype=final_norm.dtype, device=self.device))
         self._act = ops.gelu_tanh_mul if spec.mlp_act == "gelu_tanh" else ops.silu_mul
 
     @classmethod
