@@ -22,12 +22,13 @@ TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_BYTE = 3, 4, 6
 GEMMA_ARCHS = frozenset({"gemma", "gemma2", "gemma3"})
 
 
-def recover_merges(tokens: list[str], ranks: list[float]) -> list[tuple[str, str]]:
+def recover_merges(tokens: list[str], ranks: dict[str, float]) -> list[tuple[str, str]]:
     """Every (left, right) split of a token into two tokens, best-ranked token first; the
-    splits of one token by longer left piece first (transformers' generate_merges)."""
+    splits of one token by longer left piece first (transformers' generate_merges; `ranks`
+    is a dict as there, so a token spelled twice counts once, at its first place)."""
     ids = {token: i for i, token in enumerate(tokens)}
     merges = []
-    for token, rank in zip(tokens, ranks):
+    for token, rank in ranks.items():
         for cut in range(len(token) - 1, 0, -1):
             left, right = token[:cut], token[cut:]
             if left in ids and right in ids:
@@ -54,9 +55,9 @@ def build(metadata: dict[str, Any], tokens: list[str], types: list[int]) -> HFTo
     spelled = tokens
     if is_gemma:  # a run of spaces is stored as spaces; Hugging Face looks it up as "▁▁..."
         spelled = [SPACE * len(t) if " " in t and not t.strip() else t for t in tokens]
-        ranks: list[float] = [-i for i in range(len(tokens))]
+        ranks = {t: -i for i, t in enumerate(spelled)}
     else:
-        ranks = [float(s) for s in metadata["tokenizer.ggml.scores"]]
+        ranks = dict(zip(tokens, (float(s) for s in metadata["tokenizer.ggml.scores"])))
     unk = metadata.get("tokenizer.ggml.unknown_token_id")
     vocab = {t: i for i, t in enumerate(spelled)}
     bpe = BPE(vocab=vocab, merges=recover_merges(spelled, ranks), fuse_unk=True, byte_fallback=True,
