@@ -22,6 +22,8 @@ SPECS = {
     "qwen2": TinySpec("qwen2", pre="qwen2", seed=1),
     "qwen3": TinySpec("qwen3", head_dim=24, pre="qwen2", seed=2),
     "llama-tied-mha": TinySpec("llama", tie_embeddings=True, num_kv_heads=4, seed=3),
+    # a Llama 2 / TinyLlama / Mistral-style file: llama with a SentencePiece vocabulary
+    "llama-sentencepiece": TinySpec("llama", tokenizer="llama", seed=6),
     # six layers: five local ones (a window of 4, cut in by every prompt here) and a global one;
     # head_dim 64 takes the attention kernels' vector paths
     "gemma3": TinySpec("gemma3", num_layers=6, num_heads=2, num_kv_heads=1, head_dim=64, rope_base=1e6,

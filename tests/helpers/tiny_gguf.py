@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from batchproof.engine.tokenizer import bytes_to_unicode
+from tests.helpers import tiny_spm
 from tests.helpers.quant_blocks import SCALE_OFFSETS, random_blocks
 
 CHATML_TEMPLATE = (
@@ -59,6 +60,7 @@ class TinySpec:
     pre: str = "gpt2"
     tie_embeddings: bool = False
     sliding_window: int = 4  # gemma3: the local layers' window (every 6th layer is global)
+    tokenizer: str = "gpt2"  # gpt2: the byte-level vocabulary here; llama: tiny_spm's SentencePiece one
     seed: int = 0
     # GGUF tensor name -> storage type other than F32 (gguf quantizes F16, BF16, Q4_0..Q8_0; the
     # K-quants are random blocks and Q8_1 random bytes, so their values are not `weights`).
@@ -88,7 +90,7 @@ class TinySpec:
 def hf_weights(spec: TinySpec) -> dict[str, np.ndarray]:
     """Random float32 weights keyed by GGUF tensor name, in Hugging Face's layout ([out, in])."""
     rng = np.random.default_rng(spec.seed)
-    vocab_size = len(vocab()[0])
+    vocab_size = len(tiny_spm.vocab()[0] if spec.tokenizer == "llama" else vocab()[0])
     q_dim, kv_dim = spec.num_heads * spec.hd, spec.num_kv_heads * spec.hd
 
     def mat(out_dim: int, in_dim: int) -> np.ndarray:
@@ -171,14 +173,17 @@ def write_tiny_gguf(path: Path, spec: TinySpec = TinySpec(), weights: dict[str, 
         writer.add_sliding_window(spec.sliding_window)
     else:
         writer.add_rope_dimension_count(spec.hd)  # llama.cpp writes none for gemma3
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(spec.pre)
-    writer.add_token_list(tokens)
-    writer.add_token_types(types)
-    writer.add_token_merges([f"{a} {b}" for a, b in MERGES])
-    writer.add_bos_token_id(tokens.index("<|im_start|>"))
-    writer.add_eos_token_id(tokens.index("<|im_end|>"))
-    writer.add_add_bos_token(False)
+    if spec.tokenizer == "llama":
+        tiny_spm.add_tokenizer(writer)
+    else:
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre(spec.pre)
+        writer.add_token_list(tokens)
+        writer.add_token_types(types)
+        writer.add_token_merges([f"{a} {b}" for a, b in MERGES])
+        writer.add_bos_token_id(tokens.index("<|im_start|>"))
+        writer.add_eos_token_id(tokens.index("<|im_end|>"))
+        writer.add_add_bos_token(False)
     writer.add_chat_template(CHATML_TEMPLATE)
     for key in drop_keys:
         del writer.kv_data[0][key]

@@ -32,8 +32,17 @@ def vocab() -> tuple[list[str], list[float], list[int]]:
 
 
 def write_tiny_spm_gguf(path: Path, add_space_prefix: bool = True) -> None:
-    tokens, scores, types = vocab()
     writer = gguf.GGUFWriter(str(path), "llama")
+    add_tokenizer(writer, add_space_prefix)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def add_tokenizer(writer: gguf.GGUFWriter, add_space_prefix: bool = True) -> None:
+    """The vocabulary's metadata, into a writer (tiny_gguf's models take it with tokenizer="llama")."""
+    tokens, scores, types = vocab()
     writer.add_tokenizer_model("llama")
     writer.add_tokenizer_pre("default")
     writer.add_token_list(tokens)
@@ -44,7 +53,3 @@ def write_tiny_spm_gguf(path: Path, add_space_prefix: bool = True) -> None:
     writer.add_unk_token_id(0)
     writer.add_add_bos_token(True)
     writer.add_add_space_prefix(add_space_prefix)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
