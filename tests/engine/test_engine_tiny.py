@@ -1,4 +1,4 @@
-"""Tiny random llama / qwen2 / qwen3 models through the whole engine, against a naive float64 forward."""
+"""Tiny random llama / qwen2 / qwen3 / gemma3 models through the whole engine, against a naive float64 forward."""
 
 from pathlib import Path
 
@@ -22,6 +22,12 @@ SPECS = {
     "qwen2": TinySpec("qwen2", pre="qwen2", seed=1),
     "qwen3": TinySpec("qwen3", head_dim=24, pre="qwen2", seed=2),
     "llama-tied-mha": TinySpec("llama", tie_embeddings=True, num_kv_heads=4, seed=3),
+    # a Llama 2 / TinyLlama / Mistral-style file: llama with a SentencePiece vocabulary
+    "llama-sentencepiece": TinySpec("llama", tokenizer="llama", seed=6),
+    # six layers: five local ones (a window of 4, cut in by every prompt here) and a global one;
+    # head_dim 64 takes the attention kernels' vector paths
+    "gemma3": TinySpec("gemma3", num_layers=6, num_heads=2, num_kv_heads=1, head_dim=64, rope_base=1e6,
+                       norm_eps=1e-6, tie_embeddings=True, sliding_window=4, seed=4),
 }
 MESSAGES = [{"role": "user", "content": "hello the world, and then 123 more!"}]
 
@@ -152,7 +158,7 @@ def test_the_torch_path_agrees_with_our_kernels(tiny: Tiny) -> None:
 @torch.inference_mode()
 def test_the_fused_decode_step_is_bitwise_the_op_by_op_step(tiny: Tiny) -> None:
     """All layers in one C call against the same kernels called one by one from Python:
-    the same KV cache contents and the same hidden states, bit for bit (qwen3 runs op by op)."""
+    the same KV cache contents and the same hidden states, bit for bit (qwen3 and gemma3 run op by op)."""
     model = tiny.engine.model
     if not isinstance(model.ops, KernelOps):
         pytest.skip("kernels not built here")

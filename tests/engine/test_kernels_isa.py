@@ -75,8 +75,9 @@ def test_a_tiny_model_matches_the_reference_and_batches_invariantly(isa, tmp_pat
             assert abs(record.logprob - float(reference[step, record.token_id])) <= 1e-4
 
 
+@pytest.mark.parametrize("window", [0, 7])  # 7: a sliding window (gemma3's local layers) that cuts in
 @pytest.mark.parametrize("head_dim", [64, 40])  # 64: the vector paths; 40: their scalar fallback
-def test_prompt_attention_is_decode_attention_row_for_row(isa, head_dim):
+def test_prompt_attention_is_decode_attention_row_for_row(isa, head_dim, window):
     """A prompt row attends like a decode step at its position, bit for bit, whatever chunk
     held it: the property the prefix cache stands on."""
     torch.manual_seed(20 + isa)
@@ -84,14 +85,28 @@ def test_prompt_attention_is_decode_attention_row_for_row(isa, head_dim):
     k_cache, v_cache = torch.randn(3, kv_heads, max_len, head_dim), torch.randn(3, kv_heads, max_len, head_dim)
     q = torch.randn(23, heads, head_dim)
     scale = head_dim ** -0.5
-    decoded = kernels.decode_attention(q, k_cache, v_cache, torch.full((23,), slot), torch.arange(1, 24), scale, 2)
-    assert torch.equal(kernels.prompt_attention(q, k_cache, v_cache, slot, 0, scale, 2), decoded)
+    decoded = kernels.decode_attention(q, k_cache, v_cache, torch.full((23,), slot), torch.arange(1, 24), scale, 2,
+                                       window)
+    assert torch.equal(kernels.prompt_attention(q, k_cache, v_cache, slot, 0, scale, 2, window), decoded)
     for start, end in [(0, 5), (5, 6), (6, 17), (17, 23)]:  # another chunk layout of the same rows
-        chunk = kernels.prompt_attention(q[start:end], k_cache, v_cache, slot, start, scale, 1)
+        chunk = kernels.prompt_attention(q[start:end], k_cache, v_cache, slot, start, scale, 1, window)
         assert torch.equal(chunk, decoded[start:end])
     keys, values = k_cache[slot].double(), v_cache[slot].double()  # [kv_heads, max_len, hd]
     for row in (0, 9, 22):
+        first = max(0, row - window + 1) if window else 0
         group = q[row].double().unflatten(0, (kv_heads, -1))
-        weights = torch.softmax(group @ keys[:, :row + 1].transpose(-1, -2) * scale, -1)
-        expected = (weights @ values[:, :row + 1]).flatten(0, 1)
+        weights = torch.softmax(group @ keys[:, first:row + 1].transpose(-1, -2) * scale, -1)
+        expected = (weights @ values[:, first:row + 1]).flatten(0, 1)
         assert torch.allclose(decoded[row].double(), expected, atol=1e-5)
+
+
+def test_gelu_tanh_mul_per_row(isa):
+    torch.manual_seed(30 + isa)
+    gate_up = torch.randn(5, 2 * 37) * 4
+    gate_up[0, :3] = torch.tensor([-1e4, 1e4, 0.0])  # the tails: exp clamped, no NaN
+    act = kernels.gelu_tanh_mul(gate_up)
+    gate, up = gate_up[:, :37].double(), gate_up[:, 37:].double()
+    expected = torch.nn.functional.gelu(gate, approximate="tanh") * up
+    assert torch.allclose(act.double(), expected, rtol=1e-5, atol=1e-6)
+    for row in range(5):
+        assert torch.equal(kernels.gelu_tanh_mul(gate_up[row:row + 1])[0], act[row])

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchproof.engine.chat_template import ChatTemplate
+from batchproof.engine.chat_formats import choose_chat_template
 from batchproof.engine.model.gguf_file import ModelLoadError, read_model_file
 from batchproof.engine.tokenizer import Tokenizer
 from tests.helpers.tiny_gguf import TinySpec, token_id, write_tiny_gguf
@@ -113,9 +113,12 @@ def test_chat_template_renders_like_the_hand_written_chatml(engine) -> None:
     assert default_system.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
 
 
-def test_a_template_without_source_falls_back_to_chatml() -> None:
-    rendered = ChatTemplate(None, "", "").render([{"role": "user", "content": "Hi"}])
+def test_a_file_without_template_gets_chatml_only_if_its_vocabulary_spells_it() -> None:
+    template, origin = choose_chat_template(None, {"<|im_start|>", "<|im_end|>"}, "", "")
+    assert "ChatML" in origin
+    rendered = template.render([{"role": "user", "content": "Hi"}])
     assert rendered == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    assert choose_chat_template(None, {"<s>", "</s>"}, "", "")[0] is None  # never a guessed format
 
 
 # --- the tiny vocabulary: merges, pre-tokenizers, specials -----------------------------------

@@ -9,6 +9,8 @@ from pathlib import Path
 import yaml
 
 SHIPPED = "contracts/serving-shape-parity.yaml"
+# Packaged models (`--model NAME`) judged by a contract of their own, beside the default one.
+SHIPPED_FOR_MODEL = {"gemma3-270m": "contracts/gemma3-270m.yaml"}
 DOCUMENT = "(the document)"
 _KEYS = (
     "blessed_models",
@@ -163,8 +165,8 @@ def contract_from_text(text: str) -> Contract:
     return contract_from_mapping(raw)
 
 
-def shipped_contract_text() -> str:
-    return resources.files("batchproof.check").joinpath(SHIPPED).read_bytes().decode("utf-8")
+def shipped_contract_text(name: str = SHIPPED) -> str:
+    return resources.files("batchproof.check").joinpath(name).read_bytes().decode("utf-8")
 
 
 def load_contract(path: Path | None = None) -> Contract:

@@ -26,7 +26,7 @@ PREFILL_TEXT = ("Compilers translate programs written in one language into anoth
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", type=Path, help="GGUF file (default: the packaged SmolLM2-135M-Instruct)")
+    parser.add_argument("--model", type=Path, help="GGUF file or packaged model name (default: smollm2-135m)")
     parser.add_argument("--max-tokens", type=int, default=128, help="tokens per decode measurement")
     parser.add_argument("--prompt", default=DEFAULT_PROMPT)
     parser.add_argument("--repeats", type=int, default=5, help="runs per figure (the median is reported)")

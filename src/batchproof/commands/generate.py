@@ -10,7 +10,7 @@ from batchproof.common.config import ConfigError
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt", required=True, help="the user message")
-    parser.add_argument("--model", type=Path, help="GGUF file (default: the packaged SmolLM2-135M-Instruct)")
+    parser.add_argument("--model", type=Path, help="GGUF file or packaged model name (default: smollm2-135m)")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy [default: 0]")
     parser.add_argument("--seed", type=int)
@@ -44,8 +44,8 @@ def run(args: argparse.Namespace) -> int:
             raise
         print(f"batchproof generate: {message}", file=sys.stderr)
         return 2
-    prompt_ids = engine.chat_prompt_ids([{"role": "user", "content": args.prompt}])
-    try:
+    try:  # a model without a chat template says so (NoChatTemplate is a ValueError)
+        prompt_ids = engine.chat_prompt_ids([{"role": "user", "content": args.prompt}])
         deltas = engine.generate({"cli": (prompt_ids, params)})["cli"]
     except ValueError as e:
         print(f"batchproof generate: {e}", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""`batchproof witness`: serve the default model, probe it, check the witness, in one command."""
+"""`batchproof witness`: serve a model (the default one unless --model), probe it, check the witness, in one command."""
 
 import argparse
 import json
@@ -18,7 +18,7 @@ DEFAULT_OUT = Path("witness.json")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"the witness file [default: {DEFAULT_OUT}]")
-    parser.add_argument("--model", type=Path, help="GGUF file (default: the packaged SmolLM2-135M-Instruct)")
+    parser.add_argument("--model", help="GGUF file or packaged model name (default: smollm2-135m)")
     parser.add_argument("--ladder", help="concurrencies to probe (default: the matrix's, 1,4,8,16)")
     parser.add_argument("--contract", type=Path, help="contract for the check (default: the shipped one)")
     parser.add_argument("--serve-arg", action="append", default=[], help="extra flag for `batchproof serve`")
@@ -44,6 +44,17 @@ def _wait_healthy(url: str, process: subprocess.Popen, log: Path) -> dict:
             pass
         time.sleep(0.2)
     raise RuntimeError(f"batchproof serve was not healthy within 180 s; see {log}")
+
+
+def _model_contract(model: str | None) -> Path | None:
+    """A packaged model's own contract (check/contracts/), when it has one; else the default."""
+    from importlib import resources
+
+    from batchproof.check.contract import SHIPPED_FOR_MODEL
+
+    if model not in SHIPPED_FOR_MODEL:
+        return None
+    return Path(str(resources.files("batchproof.check").joinpath(SHIPPED_FOR_MODEL[model])))
 
 
 def _run_verb(verb: types.ModuleType, argv: list[str]) -> int:
@@ -91,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.out.is_file():
         print(f"witness: the probe wrote no witness (exit {probe_code})", file=sys.stderr)
         return probe_code or 1
-    check = [str(args.out)] + (["--contract", str(args.contract)] if args.contract else [])
+    contract = args.contract or _model_contract(args.model)
+    check = [str(args.out)] + (["--contract", str(contract)] if contract else [])
     code = _run_verb(check_verb, check)
     verdict = json.loads(args.out.read_text()).get("result")
     print(f"witness: probe {verdict}, witness at {args.out}")

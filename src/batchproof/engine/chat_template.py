@@ -1,4 +1,4 @@
-"""The GGUF's Jinja2 chat template, rendered in a sandbox the way Hugging Face renders it."""
+"""A Jinja2 chat template (the GGUF's, a built-in one or a file), rendered in a sandbox as Hugging Face renders it."""
 
 import json
 from datetime import datetime
@@ -7,12 +7,6 @@ from typing import Any
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-# Used when a GGUF carries no template: ChatML, which SmolLM2 and Qwen speak.
-CHATML_TEMPLATE = (
-    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
 
 
 class TemplateError(ValueError):
@@ -34,8 +28,8 @@ def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
 
 
 class ChatTemplate:
-    def __init__(self, source: str | None, bos_token: str, eos_token: str) -> None:
-        self.source = source or CHATML_TEMPLATE
+    def __init__(self, source: str, bos_token: str, eos_token: str) -> None:
+        self.source = source
         self.bos_token = bos_token
         self.eos_token = eos_token
 

@@ -12,7 +12,11 @@ class EngineConfig:
     """What shapes the numbers: the model, the device, the batch and its invariance."""
 
     model_path: Path | None = field(
-        default=None, metadata={"help": "GGUF file to serve (default: the packaged SmolLM2-135M-Instruct)"}
+        default=None, metadata={"help": "GGUF file, or the name of a packaged model (`batchproof models`; "
+                                        "default: smollm2-135m)"}
+    )
+    chat_template: Path | None = field(
+        default=None, metadata={"help": "Jinja2 chat template file, used instead of the model's own or a built-in one"}
     )
     device: str = field(default="auto", metadata={"help": "cpu, cuda, cuda:N or auto"})
     dtype: Literal["float32", "bfloat16", "float16"] = field(

@@ -4,16 +4,15 @@ import os
 import secrets
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from batchproof.common.hashing import file_sha256
-from batchproof.engine.chat_template import ChatTemplate
+from batchproof.engine.chat_formats import NoChatTemplate, choose_chat_template
 from batchproof.engine.config import EngineConfig
 from batchproof.engine.kv_cache import KVCache
-from batchproof.engine.model.default_model import default_model_path
 from batchproof.engine.model.gguf_file import ModelLoadError, ModelSpec, read_model_file
+from batchproof.engine.model.known_models import resolve_model
 from batchproof.engine.model.ops import KernelOps, choose_ops, kernels
 from batchproof.engine.model.transformer import Transformer
 from batchproof.engine.outputs import OutputProcessor
@@ -56,7 +55,7 @@ class Engine:
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = False
         started = time.perf_counter()
-        self.model_path = Path(config.model_path) if config.model_path else default_model_path()
+        self.model_path = resolve_model(config.model_path)
         ops = choose_ops(self.device, self.dtype, config.is_batch_invariant, self.num_threads)
         # Native weights need our kernels; the torch backend (a GPU, no compiler, or
         # invariance off) multiplies float tensors, so it always gets them dequantized.
@@ -67,10 +66,11 @@ class Engine:
             self.tokenizer = Tokenizer(model_file.metadata)
         except (ValueError, KeyError) as e:
             raise ModelLoadError(f"{self.model_path}: unusable tokenizer ({e})") from None
-        self.chat_template = ChatTemplate(
-            model_file.metadata.get("tokenizer.chat_template"),
-            bos_token=self._spelling(self.tokenizer.ids.bos_id),
-            eos_token=self._spelling(self.tokenizer.ids.eos_id),
+        # None when the model has no chat format; chat_template_origin then says why
+        self.chat_template, self.chat_template_origin = choose_chat_template(
+            model_file.metadata.get("tokenizer.chat_template"), self.tokenizer.special_spellings(),
+            bos_token=self._spelling(self.tokenizer.ids.bos_id), eos_token=self._spelling(self.tokenizer.ids.eos_id),
+            override=config.chat_template,
         )
         self.max_model_len = min(config.max_model_len or DEFAULT_MAX_MODEL_LEN, self.spec.context_len)
         with torch.inference_mode():
@@ -189,8 +189,13 @@ class Engine:
     # --- conveniences for the CLI and tests ---------------------------------------------
 
     def chat_prompt_ids(self, messages: list[dict]) -> list[int]:
+        if self.chat_template is None:
+            raise NoChatTemplate(self.chat_template_origin)
         text = self.chat_template.render(messages, add_generation_prompt=True)
-        return self.tokenizer.encode(text, add_bos=self.tokenizer.ids.add_bos)
+        ids = self.tokenizer.encode(text)
+        bos = self.tokenizer.ids.bos_id
+        # BOS once: added as the tokenizer says, unless the template wrote it (Gemma's, Llama 3's)
+        return [bos, *ids] if self.tokenizer.ids.add_bos and bos is not None and ids[:1] != [bos] else ids
 
     def generate(self, requests: dict[str, tuple[list[int], SamplingParams]]) -> dict[str, list[RequestOutput]]:
         """Run requests to completion together; every delta each one produced, in order."""
@@ -224,6 +229,7 @@ class Engine:
             "max_prefill_tokens": self.config.max_prefill_tokens,
             "batch_invariant": self.config.is_batch_invariant,
             "decode_path": self.model.ops.decode_path,
+            "chat_template": self.chat_template_origin,
             "weights": self.weights,
             "weights_bytes": self.model.weights_nbytes,
             "prefix_cache": self.prefix_cache_info(),

@@ -1,4 +1,4 @@
-"""The tokenizer, built from GGUF metadata: byte-level BPE with exact per-token bytes."""
+"""The tokenizer, built from GGUF metadata (byte-level BPE or SentencePiece), with exact per-token bytes."""
 
 import codecs
 from dataclasses import dataclass
@@ -6,6 +6,8 @@ from typing import Any
 
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
+
+from batchproof.engine import spm_tokenizer
 
 # GGUF token_type values (llama.cpp's llama_token_type).
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
@@ -76,35 +78,50 @@ class SpecialIds:
     pad_id: int | None = None
 
 
+def _byte_level(metadata: dict[str, Any], tokens: list[str], types: list[int]) -> tuple[HFTokenizer, list[bytes]]:
+    """Byte-level BPE (`gpt2`): tokens spelled in GPT-2's byte alphabet, merges in the file."""
+    merges = [tuple(m.split(" ", 1)) for m in metadata["tokenizer.ggml.merges"]]
+    pre = metadata.get("tokenizer.ggml.pre", "default")
+    bpe = models.BPE(
+        vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
+        ignore_merges=pre in IGNORE_MERGES_PRE,
+    )
+    hf = HFTokenizer(bpe)
+    hf.pre_tokenizer = _pre_tokenizer(pre)
+    hf.decoder = decoders.ByteLevel()
+    special = {i for i, t in enumerate(types) if t in (TOKEN_CONTROL, TOKEN_USER_DEFINED)}
+    hf.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False) for i in sorted(special)])
+    to_byte = {char: byte for byte, char in bytes_to_unicode().items()}
+    token_bytes = [t.encode("utf-8") if i in special else bytes(to_byte[c] for c in t if c in to_byte)
+                   for i, t in enumerate(tokens)]
+    return hf, token_bytes
+
+
+def _sentencepiece(metadata: dict[str, Any], tokens: list[str], types: list[int]) -> tuple[HFTokenizer, list[bytes]]:
+    """SentencePiece (`llama`): scores, "▁" for a space, byte fallback (spm_tokenizer.py)."""
+    token_bytes = [spm_tokenizer.token_bytes(t, kind) for t, kind in zip(tokens, types)]
+    return spm_tokenizer.build(metadata, tokens, types), token_bytes
+
+
+# tokenizer.ggml.model -> how the tokenizer is built from the file
+TOKENIZER_MODELS = {"gpt2": _byte_level, "llama": _sentencepiece}
+
+
 class Tokenizer:
     """Text <-> ids, and each id's exact bytes."""
 
     def __init__(self, metadata: dict[str, Any]) -> None:
         model = metadata.get("tokenizer.ggml.model")
-        if model != "gpt2":
-            raise ValueError(f"tokenizer.ggml.model {model!r} is not supported (only byte-level BPE, 'gpt2')")
+        if model not in TOKENIZER_MODELS:
+            raise ValueError(f"tokenizer.ggml.model {model!r} is not supported (supported: "
+                             "'gpt2' byte-level BPE, 'llama' SentencePiece)")
         tokens: list[str] = list(metadata["tokenizer.ggml.tokens"])
         types: list[int] = list(metadata.get("tokenizer.ggml.token_type", [TOKEN_NORMAL] * len(tokens)))
-        merges = [tuple(m.split(" ", 1)) for m in metadata["tokenizer.ggml.merges"]]
-        pre = metadata.get("tokenizer.ggml.pre", "default")
         self.vocab_size = len(tokens)
         self.tokens = tokens
-        bpe = models.BPE(
-            vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
-            ignore_merges=pre in IGNORE_MERGES_PRE,
-        )
-        self._hf = HFTokenizer(bpe)
-        self._hf.pre_tokenizer = _pre_tokenizer(pre)
-        self._hf.decoder = decoders.ByteLevel()
+        self._hf, self._bytes = TOKENIZER_MODELS[model](metadata, tokens, types)
         special = [i for i, t in enumerate(types) if t in (TOKEN_CONTROL, TOKEN_USER_DEFINED)]
-        self._hf.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False) for i in special])
         self.special_ids = frozenset(special)
-
-        to_byte = {char: byte for byte, char in bytes_to_unicode().items()}
-        self._bytes: list[bytes] = [
-            t.encode("utf-8") if i in self.special_ids else bytes(to_byte[c] for c in t if c in to_byte)
-            for i, t in enumerate(tokens)
-        ]
         eos = metadata.get("tokenizer.ggml.eos_token_id")
         bos = metadata.get("tokenizer.ggml.bos_token_id")
         declared = {metadata.get(k) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
@@ -138,6 +155,10 @@ class Tokenizer:
 
     def spelling(self, token_id: int) -> str:
         return self.tokens[token_id]
+
+    def special_spellings(self) -> set[str]:
+        """The spellings of the control and user-defined tokens (what a chat format is written in)."""
+        return {self.tokens[i] for i in self.special_ids}
 
 
 def incremental_utf8_decoder() -> codecs.IncrementalDecoder:

@@ -74,6 +74,8 @@ def _start_engine(state: ServerState, engine: Engine | None, loop: asyncio.Abstr
         engine = engine or Engine(state.engine_config)
     except Exception as e:
         state.load_error = load_error_message(e) or f"{type(e).__name__}: {e}"
+        if state.on_load_error is not None:
+            state.on_load_error()
         return
     state.served_model_name = state.config.served_model_name or engine.model_path.stem
     async_engine = AsyncEngine(engine, state.engine_config.batch_window_ms / 1000, state.batch_log)

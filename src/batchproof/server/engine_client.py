@@ -12,7 +12,8 @@ from batchproof.engine.tokenizer import Tokenizer
 
 class EngineClient(Protocol):
     tokenizer: Tokenizer
-    chat_template: ChatTemplate
+    chat_template: ChatTemplate | None  # None: the model has no chat format (completions only)
+    chat_template_origin: str  # where the template came from, or why there is none
     max_model_len: int
     model_path: Path
     prefix_cache: PrefixCache | None  # its counters and bytes go to /metrics; None when off

@@ -47,7 +47,7 @@ def server_info(engine_info: dict, served_model_name: str, server_settings: dict
     }
 
 
-def tokenizer_facts(tokenizer: Tokenizer, chat_template: str, max_model_len: int) -> dict:
+def tokenizer_facts(tokenizer: Tokenizer, chat_template: str | None, max_model_len: int) -> dict:
     """The special tokens (spelling and id), the context length and the chat template."""
     ids = tokenizer.ids
 

@@ -1,5 +1,6 @@
 """What the routes share: settings, the engine (once loaded), metrics; and body parsing."""
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -26,6 +27,9 @@ class ServerState:
     served_model_name: str = ""
     load_error: str | None = None
     batch_log: BatchLog | None = None
+    # Called (from the loader thread) when the model cannot load: `batchproof serve` stops the
+    # server then and exits non-zero; an app built without it stays up answering 503.
+    on_load_error: Callable[[], None] | None = None
 
     @property
     def engine(self) -> EngineClient:

@@ -1,6 +1,7 @@
 """Reading a GGUF file: hyperparameters, tokenizer metadata, and tensors (dequantized, or
 the matmul weights kept in their blocks for the native kernels)."""
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -8,7 +9,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from batchproof.engine.model.gguf_reader import GGUFFormatError, TensorInfo, read_gguf
+from batchproof.engine.model.gguf_reader import GGUFFormatError, TensorEntry, read_gguf
 from batchproof.engine.model.weights import RawTensor
 
 GGUF_MAGIC = b"GGUF"
@@ -31,7 +32,9 @@ LAYER_TENSOR_NAMES: dict[str, str] = {
     "attn_q_norm.weight": "q_norm",
     "attn_k_norm.weight": "k_norm",
     "attn_output.weight": "wo",
+    "post_attention_norm.weight": "post_attn_norm",  # gemma3: normalises the attention output
     "ffn_norm.weight": "ffn_norm",
+    "post_ffw_norm.weight": "post_ffn_norm",  # gemma3: normalises the MLP output
     "ffn_gate.weight": "w_gate",
     "ffn_up.weight": "w_up",
     "ffn_down.weight": "w_down",
@@ -47,7 +50,13 @@ ROPE_STYLES: dict[str, Literal["adjacent", "halves"]] = {
     "llama": "adjacent",
     "qwen2": "halves",
     "qwen3": "halves",
+    "gemma3": "halves",
 }
+
+# Gemma 3 (llama.cpp's gemma3 code): every 6th layer attends globally, the rest within a
+# sliding window; the local layers turn RoPE at base 10,000 and without the file's scaling.
+GEMMA3_SWA_PATTERN = 6
+GEMMA3_LOCAL_ROPE_BASE = 10000.0
 
 
 class ModelLoadError(Exception):
@@ -71,6 +80,21 @@ class ModelSpec:
     rope_dim: int
     rope_style: Literal["adjacent", "halves"]
     norm_eps: float
+    attn_scale: float  # multiplies q.k: 1 / sqrt(head_dim), as llama.cpp sets it for every model here
+    # Gemma 3 only (the defaults are llama's): a window on the local layers, their RoPE base,
+    # the global layers' linear RoPE factor, the MLP's activation, the embedding's scale.
+    sliding_window: int = 0  # 0: every layer attends to every earlier position
+    swa_pattern: int = 0  # every swa_pattern-th layer is global, the others local
+    rope_base_local: float = 0.0
+    rope_linear_factor: float = 1.0
+    mlp_act: Literal["silu", "gelu_tanh"] = "silu"
+    embed_scale: float | None = None
+
+    def window(self, layer: int) -> int:
+        """The sliding window of `layer` (0: none)."""
+        if self.swa_pattern and (layer + 1) % self.swa_pattern != 0:
+            return self.sliding_window
+        return 0
 
 
 @dataclass
@@ -83,17 +107,7 @@ class ModelFile:
     tensors: dict[str, np.ndarray | RawTensor]
 
 
-def _tensor_bytes(type_id: int, dims: tuple[int, ...]) -> int | None:
-    import gguf
-
-    try:
-        block_size, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(type_id)]
-    except (ValueError, KeyError):
-        return None
-    return int(np.prod(dims, dtype=np.int64)) // block_size * type_size
-
-
-def _open(path: Path) -> tuple[dict[str, Any], list[TensorInfo]]:
+def _read(path: Path) -> tuple[dict[str, Any], list[TensorEntry]]:
     if not path.exists():
         raise ModelLoadError(f"{path}: no such file")
     if not path.is_file():
@@ -103,8 +117,8 @@ def _open(path: Path) -> tuple[dict[str, Any], list[TensorInfo]]:
     if magic != GGUF_MAGIC:
         raise ModelLoadError(f"{path}: not a GGUF file (starts with {magic!r}, expected b'GGUF')")
     try:
-        return read_gguf(path, _tensor_bytes)
-    except (GGUFFormatError, ValueError, OSError) as e:
+        return read_gguf(path)
+    except GGUFFormatError as e:
         raise ModelLoadError(f"{path}: truncated or corrupt GGUF file ({e})") from None
 
 
@@ -125,6 +139,8 @@ def _spec(meta: dict[str, Any], tensors: dict[str, np.ndarray | RawTensor], path
     head_dim = int(meta.get(f"{arch}.attention.key_length", dim // num_heads))
     if "embed" not in tensors:
         raise ModelLoadError(f"{path}: tensor 'token_embd.weight' is missing")
+    extra = _gemma3_spec(meta, dim, num_heads, head_dim, path) if arch == "gemma3" else {
+        "attn_scale": 1.0 / math.sqrt(head_dim)}
     return ModelSpec(
         arch=arch,
         num_layers=int(need("block_count")),
@@ -139,7 +155,27 @@ def _spec(meta: dict[str, Any], tensors: dict[str, np.ndarray | RawTensor], path
         rope_dim=int(meta.get(f"{arch}.rope.dimension_count", head_dim)),
         rope_style=ROPE_STYLES[arch],
         norm_eps=float(need("attention.layer_norm_rms_epsilon")),
+        **extra,
     )
+
+
+def _gemma3_spec(meta: dict[str, Any], dim: int, num_heads: int, head_dim: int, path: Path) -> dict[str, Any]:
+    """What Gemma 3 adds, as llama.cpp reads it (llama-model.cpp, LLM_ARCH_GEMMA3)."""
+    scaling = meta.get("gemma3.rope.scaling.type", "none")
+    if scaling not in ("none", "linear"):
+        raise ModelLoadError(f"{path}: gemma3.rope.scaling.type {scaling!r} is not supported (none, linear)")
+    num_layers = int(meta.get("gemma3.block_count", 0))
+    # The 27B model scales by dim / heads (its query_pre_attn_scalar); the others by head_dim.
+    scalar = dim // num_heads if num_layers == 62 else head_dim
+    return {
+        "attn_scale": 1.0 / math.sqrt(scalar),
+        "sliding_window": int(meta.get("gemma3.attention.sliding_window", 0)),
+        "swa_pattern": GEMMA3_SWA_PATTERN,
+        "rope_base_local": float(meta.get("gemma3.rope.freq_base_swa", GEMMA3_LOCAL_ROPE_BASE)),
+        "rope_linear_factor": float(meta.get("gemma3.rope.scaling.factor", 1.0)) if scaling == "linear" else 1.0,
+        "mlp_act": "gelu_tanh",
+        "embed_scale": math.sqrt(dim),
+    }
 
 
 def _our_name(gguf_name: str) -> str | None:
@@ -150,45 +186,41 @@ def _our_name(gguf_name: str) -> str | None:
     return GLOBAL_TENSOR_NAMES.get(gguf_name)
 
 
-def _dequantize(tensor: TensorInfo, path: Path) -> np.ndarray:
+def _dequantize(tensor: TensorEntry, path: Path) -> np.ndarray:
     import gguf.quants
 
-    qtype = gguf.GGMLQuantizationType(tensor.type_id)
     try:
-        values = gguf.quants.dequantize(tensor.data, qtype)
+        values = gguf.quants.dequantize(tensor.data, gguf.GGMLQuantizationType(tensor.qtype))
     except (NotImplementedError, KeyError, ValueError, TypeError) as e:
         raise ModelLoadError(
-            f"{path}: tensor {tensor.name!r} has type {qtype.name}, which we cannot read ({e})"
+            f"{path}: tensor {tensor.name!r} has type {tensor.type_name}, which we cannot read ({e})"
         ) from None
     values = np.ascontiguousarray(values.reshape(tensor.shape), dtype=np.float32)
     # F32 tensors come back as read-only views of the mapped file; torch wants its own copy.
     return values if values.flags.writeable else values.copy()
 
 
-def _raw(tensor: TensorInfo, path: Path, runs_natively: Callable[[int], bool]) -> RawTensor:
-    import gguf
-
-    if not runs_natively(tensor.type_id):
-        type_name = gguf.GGMLQuantizationType(tensor.type_id).name
-        raise ModelLoadError(f"{path}: tensor {tensor.name!r} has type {type_name}, which the native "
+def _raw(tensor: TensorEntry, path: Path, runs_natively: Callable[[int], bool]) -> RawTensor:
+    if not runs_natively(tensor.qtype):
+        raise ModelLoadError(f"{path}: tensor {tensor.name!r} has type {tensor.type_name}, which the native "
                              "kernels do not run; --weights float32 runs it dequantized")
-    return RawTensor(tensor.data.reshape(tensor.shape[0], -1), tensor.type_id, tensor.shape)
+    return RawTensor(tensor.data.view(np.uint8).reshape(tensor.shape[0], -1), tensor.qtype, tensor.shape)
 
 
 def read_model_file(path: Path, runs_natively: Callable[[int], bool] | None = None) -> ModelFile:
     """runs_natively: keep the matmul weights whose type it accepts as RawTensor blocks
     (any other type is refused, naming the tensor); None dequantizes everything."""
     path = Path(path)
-    meta, file_tensors = _open(path)
+    meta, entries = _read(path)
     tensors: dict[str, np.ndarray | RawTensor] = {}
-    for tensor in file_tensors:
-        name = _our_name(tensor.name)
+    for entry in entries:
+        name = _our_name(entry.name)
         if name is None:
             continue
-        is_float32 = tensor.type_id == 0  # F32 blocks are float32 already: a plain array
+        is_float32 = entry.qtype == 0  # F32 blocks are float32 already: a plain array
         if runs_natively is not None and name.rsplit(".", 1)[-1] in MATMUL_WEIGHTS and not is_float32:
-            tensors[name] = _raw(tensor, path, runs_natively)
+            tensors[name] = _raw(entry, path, runs_natively)
         else:
-            tensors[name] = _dequantize(tensor, path)
+            tensors[name] = _dequantize(entry, path)
     spec = _spec(meta, tensors, path)
     return ModelFile(path=path, spec=spec, metadata=meta, tensors=tensors)

@@ -1,7 +1,6 @@
-"""The transformer forward pass: llama / qwen2 / qwen3, read top to bottom like the architecture."""
+"""The transformer forward pass: llama / qwen2 / qwen3 / gemma3, read top to bottom like the architecture."""
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
 import torch
@@ -28,20 +27,25 @@ class LayerWeights:
     attn_norm: torch.Tensor  # [dim]
     wqkv: Weight  # [q_dim + 2 * kv_dim, dim]
     bqkv: torch.Tensor | None  # [q_dim + 2 * kv_dim] (qwen2)
-    q_norm: torch.Tensor | None  # [head_dim] (qwen3)
+    q_norm: torch.Tensor | None  # [head_dim] (qwen3, gemma3)
     k_norm: torch.Tensor | None
     wo: Weight  # [dim, q_dim]
     ffn_norm: torch.Tensor  # [dim]
     w_gate_up: Weight  # [2 * ffn_dim, dim]
     w_down: Weight  # [dim, ffn_dim]
+    post_attn_norm: torch.Tensor | None = None  # [dim] (gemma3: on the attention output)
+    post_ffn_norm: torch.Tensor | None = None  # [dim] (gemma3: on the MLP output)
 
 
-def rope_tables(spec: ModelSpec, max_len: int, freq_factors: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(rope_dim: int, base: float, max_len: int, freq_factors: torch.Tensor | None,
+                linear_factor: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin: [max_len, rope_dim / 2], computed as Hugging Face computes them (float32)."""
-    exponents = torch.arange(0, spec.rope_dim, 2, dtype=torch.int64).float() / spec.rope_dim
-    inv_freq = 1.0 / (spec.rope_base**exponents)
+    exponents = torch.arange(0, rope_dim, 2, dtype=torch.int64).float() / rope_dim
+    inv_freq = 1.0 / (base**exponents)
     if freq_factors is not None:  # Llama 3.x long-context scaling, stored per frequency
         inv_freq = inv_freq / freq_factors.float()
+    if linear_factor != 1.0:  # Gemma 3's global layers (4B and up): positions / factor
+        inv_freq = inv_freq / linear_factor
     angles = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)
     return angles.cos(), angles.sin()
 
@@ -55,14 +59,25 @@ class Transformer:
         self.embed = embed  # [vocab, dim]
         self.final_norm = final_norm
         self.lm_head = lm_head  # [vocab, dim]; the same tensor as embed when tied
-        cos, sin = rope_tables(spec, max_len, rope_freqs)
         self.device = final_norm.device
+        cos, sin = rope_tables(spec.rope_dim, spec.rope_base, max_len, rope_freqs, spec.rope_linear_factor)
         self.rope = RopeTables(cos.to(self.device), sin.to(self.device))
+        # Per layer: its sliding window (0: none) and its RoPE (gemma3's local layers have their own).
+        self.windows = [spec.window(i) for i in range(spec.num_layers)]
+        local_rope = self.rope
+        if any(self.windows):
+            cos, sin = rope_tables(spec.rope_dim, spec.rope_base_local, max_len, None)
+            local_rope = RopeTables(cos.to(self.device), sin.to(self.device))
+        self.ropes = [local_rope if w else self.rope for w in self.windows]
         self.heads = HeadLayout(spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.rope_dim, spec.rope_style,
                                 spec.norm_eps)
         self.q_dim = spec.num_heads * spec.head_dim
         self.kv_dim = spec.num_kv_heads * spec.head_dim
-        self.scale = 1.0 / math.sqrt(spec.head_dim)
+        self.scale = spec.attn_scale
+        # Hugging Face casts Gemma's sqrt(dim) to the weights' dtype before multiplying.
+        self.embed_scale = (None if spec.embed_scale is None
+                            else torch.tensor(spec.embed_scale, dtype=final_norm.dtype, device=self.device))
+        self._act = ops.gelu_tanh_mul if spec.mlp_act == "gelu_tanh" else ops.silu_mul
 
     @classmethod
     def from_model_file(cls, model_file: ModelFile, device: torch.device, dtype: torch.dtype, max_len: int,
@@ -95,6 +110,8 @@ class Transformer:
                 ffn_norm=get(p + "ffn_norm"),
                 w_gate_up=matmul(p + "w_gate", p + "w_up"),
                 w_down=matmul(p + "w_down"),
+                post_attn_norm=maybe(p + "post_attn_norm"),
+                post_ffn_norm=maybe(p + "post_ffn_norm"),
             ))
         embed = matmul("embed")
         lm_head = matmul("lm_head") if "lm_head" in t else embed
@@ -106,15 +123,25 @@ class Transformer:
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return self.ops.rms_norm(x, weight, self.spec.norm_eps)
 
-    def _qkv(self, layer: LayerWeights, h: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def _embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        x = self.ops.embedding(self.embed, token_ids)  # [n, dim]
+        return x if self.embed_scale is None else x * self.embed_scale
+
+    def _qkv(self, i: int, layer: LayerWeights, h: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """h: [n, dim] -> q [n, heads, hd], k and v [n, kv_heads, hd], RoPE applied."""
         qkv = self.ops.linear(h, layer.wqkv, layer.bqkv)  # [n, q_dim + 2 kv_dim]
-        return self.ops.qkv_heads(qkv, self.heads, positions, self.rope, layer.q_norm, layer.k_norm)
+        return self.ops.qkv_heads(qkv, self.heads, positions, self.ropes[i], layer.q_norm, layer.k_norm)
+
+    def _add(self, x: torch.Tensor, h: torch.Tensor, w: Weight, post_norm: torch.Tensor | None) -> torch.Tensor:
+        """The residual stream x plus h @ w^T, normalised first where the model has a post-norm (gemma3)."""
+        if post_norm is None:
+            return self.ops.linear(h, w, residual=x)
+        return x + self._norm(self.ops.linear(h, w), post_norm)
 
     def _mlp(self, layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:
         h = self._norm(x, layer.ffn_norm)
         gate_up = self.ops.linear(h, layer.w_gate_up)  # [n, 2 * ffn_dim]
-        return self.ops.linear(self.ops.silu_mul(gate_up), layer.w_down, residual=x)
+        return self._add(x, self._act(gate_up), layer.w_down, layer.post_ffn_norm)
 
     @property
     def weights_nbytes(self) -> int:
@@ -143,13 +170,13 @@ class Transformer:
         positions = torch.cat([torch.arange(seg.start, seg.start + len(seg.token_ids), device=device)
                                for seg in segments])
         bounds = torch.tensor([0, *(len(seg.token_ids) for seg in segments)]).cumsum(0).tolist()
-        x = self.ops.embedding(self.embed, token_ids)  # [n, dim]
+        x = self._embed(token_ids)  # [n, dim]
         for i, layer in enumerate(self.layers):
             h = self._norm(x, layer.attn_norm)
-            q, k, v = self._qkv(layer, h, positions)
+            q, k, v = self._qkv(i, layer, h, positions)
             attn = torch.cat([self._prefill_attention(i, seg, q[a:b], k[a:b], v[a:b], cache)
                               for seg, a, b in zip(segments, bounds, bounds[1:])])
-            x = self.ops.linear(attn, layer.wo, residual=x)
+            x = self._add(x, attn, layer.wo, layer.post_attn_norm)
             x = self._mlp(layer, x)
         return self._norm(x, self.final_norm)
 
@@ -157,7 +184,8 @@ class Transformer:
                            cache: KVCache) -> torch.Tensor:
         """q: [n, heads, hd], k and v: [n, kv_heads, hd] of one segment -> [n, q_dim]."""
         cache.write_prompt(layer, seg.slot, seg.start, k.transpose(0, 1), v.transpose(0, 1))
-        return self.ops.prompt_attention(q, cache, layer, seg.slot, seg.start, self.scale).flatten(1)
+        return self.ops.prompt_attention(q, cache, layer, seg.slot, seg.start, self.scale,
+                                         self.windows[layer]).flatten(1)
 
     # --- decode: one new token for each of several sequences ------------------------
 
@@ -169,7 +197,7 @@ class Transformer:
         Matmuls run over all rows; attention runs per sequence over that sequence's own
         keys, so no row's arithmetic depends on how many others share the step.
         """
-        x = self.ops.embedding(self.embed, token_ids)  # [rows, dim]
+        x = self._embed(token_ids)  # [rows, dim]
         x = self.ops.decode_layers(self, x, positions, slots, num_real, cache)
         return self._norm(x, self.final_norm)
 
@@ -180,11 +208,12 @@ class Transformer:
         lengths = real_pos + 1
         for i, layer in enumerate(self.layers):
             h = self._norm(x, layer.attn_norm)
-            q, k, v = self._qkv(layer, h, positions)
+            q, k, v = self._qkv(i, layer, h, positions)
             cache.write_step(i, real_slots, real_pos, k[:num_real], v[:num_real])
-            attn = self.ops.decode_attention(q[:num_real], cache, i, real_slots, lengths, self.scale).flatten(1)
+            attn = self.ops.decode_attention(q[:num_real], cache, i, real_slots, lengths, self.scale,
+                                             self.windows[i]).flatten(1)
             if num_real < x.shape[0]:  # padding rows attend to nothing
                 attn = torch.cat([attn, attn.new_zeros(x.shape[0] - num_real, self.q_dim)])
-            x = self.ops.linear(attn, layer.wo, residual=x)
+            x = self._add(x, attn, layer.wo, layer.post_attn_norm)
             x = self._mlp(layer, x)
         return x

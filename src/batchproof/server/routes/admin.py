@@ -64,6 +64,8 @@ async def tokenize(request: Request) -> dict:
     engine = state.engine
     if req.messages is not None:
         messages = [m.for_template() for m in req.messages]
+        if engine.chat_template is None:
+            raise APIError(400, engine.chat_template_origin, param="messages", code="chat_template_missing")
         text = engine.chat_template.render(messages, add_generation_prompt=req.add_generation_prompt)
     elif req.prompt is not None or req.content is not None:
         text = req.prompt if req.prompt is not None else req.content
@@ -81,7 +83,8 @@ async def tokenize(request: Request) -> dict:
 async def tokenizer_info(request: Request) -> dict:
     """What vLLM's /tokenizer_info gives and lm-eval's remote tokenizer reads."""
     engine = _state(request).engine
-    return tokenizer_facts(engine.tokenizer, engine.chat_template.source, engine.max_model_len)
+    source = None if engine.chat_template is None else engine.chat_template.source
+    return tokenizer_facts(engine.tokenizer, source, engine.max_model_len)
 
 
 @router.post("/detokenize")

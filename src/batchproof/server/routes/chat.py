@@ -22,6 +22,8 @@ def _plan(req: ChatCompletionRequest, state: ServerState) -> Plan:
                             f"got 'logprobs': {req.logprobs}", param="top_logprobs")
     engine = state.engine
     messages = [m.for_template() for m in req.messages]
+    if engine.chat_template is None:  # a base model: completions only, never a guessed format
+        raise APIError(400, engine.chat_template_origin, param="messages", code="chat_template_missing")
     prompt_ids = engine.chat_prompt_ids(messages)
     max_tokens, name = ((req.max_completion_tokens, "max_completion_tokens") if req.max_completion_tokens is not None
                         else (req.max_tokens, "max_tokens"))

@@ -56,19 +56,24 @@ class Ops(Protocol):
     def qkv_heads(self, qkv: torch.Tensor, layout: HeadLayout, positions: torch.Tensor, rope: RopeTables,
                   q_norm: torch.Tensor | None, k_norm: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
         """qkv [n, q_dim + 2 kv_dim] -> q [n, heads, hd], k and v [n, kv_heads, hd], q/k
-        normalised per head when the model has the norms (qwen3), RoPE applied."""
+        normalised per head when the model has the norms (qwen3, gemma3), RoPE applied."""
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """[rows, 2 * ffn] ([gate | up]) -> silu(gate) * up."""
 
+    def gelu_tanh_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """[rows, 2 * ffn] ([gate | up]) -> gelu_tanh(gate) * up (gemma3)."""
+
     def prompt_attention(self, q: torch.Tensor, cache: KVCache, layer: int, slot: int, start: int,
-                         scale: float) -> torch.Tensor:
+                         scale: float, window: int = 0) -> torch.Tensor:
         """q [n, heads, hd] at positions start.. of one slot, whose keys are already in the
-        cache; causal -> [n, heads, hd]."""
+        cache; causal, and with a window W > 0 the row at position p sees keys
+        max(0, p - W + 1)..p -> [n, heads, hd]."""
 
     def decode_attention(self, q: torch.Tensor, cache: KVCache, layer: int, slots: torch.Tensor,
-                         lengths: torch.Tensor, scale: float) -> torch.Tensor:
-        """q [B, heads, hd], one query per sequence over its own cached keys -> [B, heads, hd]."""
+                         lengths: torch.Tensor, scale: float, window: int = 0) -> torch.Tensor:
+        """q [B, heads, hd], one query per sequence over its own cached keys (its last
+        `window` ones when window > 0) -> [B, heads, hd]."""
 
     def decode_layers(self, model, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, num_real: int,
                       cache: KVCache) -> torch.Tensor:

@@ -11,6 +11,10 @@ from batchproof.engine.model.ops import kernels, torch_ops
 from batchproof.engine.model.ops.base import HeadLayout, RopeTables
 from batchproof.engine.model.weights import QuantWeight
 
+# The architectures whose decode layer layers.c runs: pre-norm, fused QKV (bias optional),
+# SiLU MLP, one RoPE, full attention.
+FUSED_ARCHS = frozenset({"llama", "qwen2"})
+
 
 class KernelOps:
     batches_prefill = True
@@ -43,36 +47,53 @@ class KernelOps:
 
     def qkv_heads(self, qkv: torch.Tensor, layout: HeadLayout, positions: torch.Tensor, rope: RopeTables,
                   q_norm: torch.Tensor | None, k_norm: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
-        if q_norm is not None:  # qwen3 normalises Q/K per head before RoPE: the torch formulas
-            return torch_ops.qkv_heads(qkv, layout, positions, rope, q_norm, k_norm)
+        if q_norm is not None:  # qwen3 and gemma3 normalise Q/K per head before RoPE
+            qkv = self._norm_qk_heads(qkv, layout, q_norm, k_norm)
         # Q's heads then K's heads open each row: rotate them all in place, in one call.
         kernels.rope_(qkv, layout.num_heads + layout.num_kv_heads, layout.head_dim, layout.rope_dim, positions,
                       rope.cos, rope.sin, layout.rope_style)
         return torch_ops.split_heads(qkv, layout)
 
+    @staticmethod
+    def _norm_qk_heads(qkv: torch.Tensor, layout: HeadLayout, q_norm: torch.Tensor,
+                       k_norm: torch.Tensor) -> torch.Tensor:
+        """A new [n, q_dim + 2 kv_dim] with every Q and K head normalised on its own (one row of
+        the norm kernel per head), V as it was."""
+        n, hd = qkv.shape[0], layout.head_dim
+        q, k, v = torch_ops.split_heads(qkv, layout)
+        q = kernels.rms_norm(q.reshape(-1, hd), q_norm, layout.norm_eps).view(n, -1)
+        k = kernels.rms_norm(k.reshape(-1, hd), k_norm, layout.norm_eps).view(n, -1)
+        return torch.cat([q, k, v.flatten(1)], dim=1)
+
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         return kernels.silu_mul(gate_up)
 
+    def gelu_tanh_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        return kernels.gelu_tanh_mul(gate_up)
+
     def prompt_attention(self, q: torch.Tensor, cache: KVCache, layer: int, slot: int, start: int,
-                         scale: float) -> torch.Tensor:
+                         scale: float, window: int = 0) -> torch.Tensor:
         """Each prompt row is a decode row over its own prefix: the same kernel and sums as a
         decode step at that position, so a position's bits do not depend on the chunk that
         held it (nor on whether prefill or decode computed it)."""
-        return kernels.prompt_attention(q, cache.k[layer], cache.v[layer], slot, start, scale, self.num_threads)
+        return kernels.prompt_attention(q, cache.k[layer], cache.v[layer], slot, start, scale, self.num_threads,
+                                        window)
 
     def decode_attention(self, q: torch.Tensor, cache: KVCache, layer: int, slots: torch.Tensor,
-                         lengths: torch.Tensor, scale: float) -> torch.Tensor:
-        return kernels.decode_attention(q, cache.k[layer], cache.v[layer], slots, lengths, scale, self.num_threads)
+                         lengths: torch.Tensor, scale: float, window: int = 0) -> torch.Tensor:
+        return kernels.decode_attention(q, cache.k[layer], cache.v[layer], slots, lengths, scale, self.num_threads,
+                                        window)
 
     def decode_layers(self, model, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, num_real: int,
                       cache: KVCache) -> torch.Tensor:
         """All layers in one C call (layers.c), the same kernels in the same order, so the
-        same bits; models with per-head Q/K norms (qwen3) run op by op."""
+        same bits; layers.c knows llama's layer only, so qwen3 (per-head Q/K norms) and
+        gemma3 (also post-norms, GELU, sliding windows, two RoPE bases) run op by op."""
         key = (id(model), id(cache))
         if self._fused_key != key:  # described once per model and cache (their addresses never move)
-            has_qk_norm = any(layer.q_norm is not None for layer in model.layers)
-            self._fused = None if has_qk_norm else kernels.DecodeLayers(
-                model.spec, model.layers, model.rope.cos, model.rope.sin, cache.k, cache.v, model.scale)
+            self._fused = kernels.DecodeLayers(
+                model.spec, model.layers, model.rope.cos, model.rope.sin, cache.k, cache.v, model.scale,
+            ) if model.spec.arch in FUSED_ARCHS else None
             self._fused_key = key
         if self._fused is None or not self.is_fused:
             return model.decode_layers(x, positions, slots, num_real, cache)

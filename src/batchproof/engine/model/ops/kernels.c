@@ -288,12 +288,107 @@ static void silu_mul_avx512(const float *g, const float *u, float *y, int64_t n)
         _mm512_mask_storeu_ps(y + i, mask, _mm512_mul_ps(s, uv));
     }
 }
+
+/* The same polynomial eight lanes wide (AVX2 has no scalef: 2^n as two exact halves, so
+ * that n down to -128 and up to 128 stays within the exponent's range). */
+__attribute__((target("avx2,fma")))
+static __m256 exp_poly_avx2(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(EXP_LO)), _mm256_set1_ps(EXP_HI));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_sub_ps(_mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(LN2_HI))),
+                             _mm256_mul_ps(n, _mm256_set1_ps(LN2_LO)));
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(p, _mm256_mul_ps(r, r)), r), _mm256_set1_ps(1.0f));
+    __m256i ni = _mm256_cvtps_epi32(n), half = _mm256_srai_epi32(ni, 1), rest = _mm256_sub_epi32(ni, half);
+    __m256i bias = _mm256_set1_epi32(127);
+    __m256 a = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, bias), 23));
+    __m256 b = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(rest, bias), 23));
+    return _mm256_mul_ps(_mm256_mul_ps(p, a), b);
+}
+
+/* Lanes k..k+7 of a row of n: all-ones where k + lane < n (the row's tail is masked). */
+__attribute__((target("avx2,fma")))
+static __m256i tail_mask_avx2(int64_t k, int64_t n) {
+    int left = (int)(n - k < 8 ? n - k : 8);
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+__attribute__((target("avx2,fma")))
+static void silu_mul_avx2(const float *g, const float *u, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i += 8) {
+        __m256i mask = tail_mask_avx2(i, n);
+        __m256 gv = _mm256_maskload_ps(g + i, mask), uv = _mm256_maskload_ps(u + i, mask);
+        __m256 e = exp_poly_avx2(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+        __m256 s = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+        _mm256_maskstore_ps(y + i, mask, _mm256_mul_ps(s, uv));
+    }
+}
 #endif
+
+/* gelu_tanh(gate) * up (Gemma's MLP), through the same exp as silu_mul: 0.5 x (1 + tanh(u))
+ * is x / (1 + exp(-2u)), u = sqrt(2 / pi) (x + 0.044715 x^3), which needs no tanh and
+ * loses nothing to cancellation near 0. */
+#define GELU_C 0.7978845608028654f /* sqrt(2 / pi) */
+#define GELU_A 0.044715f
+
+static void gelu_mul_scalar(const float *g, const float *u, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float x = g[i], inner = GELU_C * (x + GELU_A * (x * x * x));
+        y[i] = (x / (1.0f + exp_poly(-2.0f * inner))) * u[i];
+    }
+}
+
+#ifdef BP_X86
+__attribute__((target("avx512f")))
+static void gelu_mul_avx512(const float *g, const float *u, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 mask = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1u);
+        __m512 x = _mm512_maskz_loadu_ps(mask, g + i), uv = _mm512_maskz_loadu_ps(mask, u + i);
+        __m512 cube = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
+        __m512 inner = _mm512_mul_ps(_mm512_set1_ps(GELU_C),
+                                     _mm512_add_ps(x, _mm512_mul_ps(_mm512_set1_ps(GELU_A), cube)));
+        __m512 e = exp_poly_avx512(_mm512_mul_ps(_mm512_set1_ps(-2.0f), inner));
+        __m512 s = _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+        _mm512_mask_storeu_ps(y + i, mask, _mm512_mul_ps(s, uv));
+    }
+}
+#endif
+
+#ifdef BP_X86
+__attribute__((target("avx2,fma")))
+static void gelu_mul_avx2(const float *g, const float *u, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i += 8) {
+        __m256i mask = tail_mask_avx2(i, n);
+        __m256 x = _mm256_maskload_ps(g + i, mask), uv = _mm256_maskload_ps(u + i, mask);
+        __m256 cube = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+        __m256 inner = _mm256_mul_ps(_mm256_set1_ps(GELU_C),
+                                     _mm256_add_ps(x, _mm256_mul_ps(_mm256_set1_ps(GELU_A), cube)));
+        __m256 e = exp_poly_avx2(_mm256_mul_ps(_mm256_set1_ps(-2.0f), inner));
+        __m256 s = _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+        _mm256_maskstore_ps(y + i, mask, _mm256_mul_ps(s, uv));
+    }
+}
+#endif
+
+void bp_gelu_tanh_mul_f32(const float *gate_up, float *y, int64_t rows, int64_t ffn) {
+    void (*row_fn)(const float *, const float *, float *, int64_t) = gelu_mul_scalar;
+#ifdef BP_X86
+    if (isa_level() == 2) row_fn = gelu_mul_avx512;
+    else if (isa_level() == 1) row_fn = gelu_mul_avx2;
+#endif
+    for (int64_t r = 0; r < rows; r++) row_fn(gate_up + r * 2 * ffn, gate_up + r * 2 * ffn + ffn, y + r * ffn, ffn);
+}
 
 void bp_silu_mul_f32(const float *gate_up, float *y, int64_t rows, int64_t ffn) {
     void (*row_fn)(const float *, const float *, float *, int64_t) = silu_mul_scalar;
 #ifdef BP_X86
     if (isa_level() == 2) row_fn = silu_mul_avx512;
+    else if (isa_level() == 1) row_fn = silu_mul_avx2;
 #endif
     for (int64_t r = 0; r < rows; r++) row_fn(gate_up + r * 2 * ffn, gate_up + r * 2 * ffn + ffn, y + r * ffn, ffn);
 }
@@ -324,6 +419,22 @@ static double row_exp_sum_avx512(const float *x, int64_t V, float shift) {
 }
 #endif
 
+#ifdef BP_X86
+__attribute__((target("avx2,fma")))
+static double row_exp_sum_avx2(const float *x, int64_t V, float shift) {
+    __m256 acc = _mm256_setzero_ps(), s = _mm256_set1_ps(shift), ninf = _mm256_set1_ps(-INFINITY);
+    for (int64_t i = 0; i < V; i += 8) {
+        __m256i mask = tail_mask_avx2(i, V);
+        __m256 v = _mm256_blendv_ps(ninf, _mm256_maskload_ps(x + i, mask), _mm256_castsi256_ps(mask));
+        /* NaN and -inf add nothing */
+        __m256 live = _mm256_cmp_ps(v, ninf, _CMP_GT_OQ);
+        __m256 e = exp_poly_avx2(_mm256_sub_ps(v, s));
+        acc = _mm256_add_ps(acc, _mm256_and_ps(live, e));
+    }
+    return (double)hsum_avx2(acc);
+}
+#endif
+
 static double row_exp_sum(const float *x, int64_t V, float shift, int has_inf) {
     if (has_inf) {  /* only the +inf entries carry mass, one each */
         double n = 0;
@@ -332,6 +443,7 @@ static double row_exp_sum(const float *x, int64_t V, float shift, int has_inf) {
     }
 #ifdef BP_X86
     if (isa_level() == 2) return row_exp_sum_avx512(x, V, shift);
+    if (isa_level() == 1) return row_exp_sum_avx2(x, V, shift);
 #endif
     float part[8] = {0};
     for (int64_t i = 0; i < V; i++)
@@ -513,12 +625,16 @@ static void attend_avx2(const float *q, const float *keys, const float *values, 
 
 typedef void (*attend_fn)(const float *, const float *, const float *, float *, float *, int64_t, int64_t, float);
 
+/* The first key a query of length L sees: with a sliding window W (0: none) the row at
+ * position L - 1 attends keys max(0, L - W)..L - 1. */
+static inline int64_t window_start(int64_t L, int64_t window) { return window > 0 && L > window ? L - window : 0; }
+
 /* q: [B, H, D]; caches: [slots, KVH, max_len, D] for one layer; out: [B, H, D].
- * Row b attends to positions 0..lengths[b]-1 of slot slots[b]: only its own keys, in
- * order, so its result never depends on the other rows. */
+ * Row b attends to positions window_start..lengths[b]-1 of slot slots[b]: only its own
+ * keys, in order, so its result never depends on the other rows. */
 void bp_decode_attention_f32(const float *q, const float *k_cache, const float *v_cache, float *out,
                              const int64_t *slots, const int64_t *lengths, int64_t B, int64_t H, int64_t KVH,
-                             int64_t D, int64_t max_len, float scale, int num_threads) {
+                             int64_t D, int64_t max_len, int64_t window, float scale, int num_threads) {
     attend_fn attend = attend_scalar;
 #ifdef BP_X86
     switch (isa_level()) {
@@ -529,8 +645,8 @@ void bp_decode_attention_f32(const float *q, const float *k_cache, const float *
     int64_t group = H / KVH;
 #pragma omp parallel for schedule(static) num_threads(num_threads)
     for (int64_t bh = 0; bh < B * H; bh++) {
-        int64_t b = bh / H, h = bh % H, L = lengths[b];
-        int64_t base = (slots[b] * KVH + h / group) * max_len * D;
+        int64_t b = bh / H, h = bh % H, lo = window_start(lengths[b], window), L = lengths[b] - lo;
+        int64_t base = ((slots[b] * KVH + h / group) * max_len + lo) * D;
         float *scores = (float *)PyMem_RawMalloc((size_t)L * sizeof(float));
         attend(q + bh * D, k_cache + base, v_cache + base, out + bh * D, scores, L, D, scale);
         PyMem_RawFree(scores);
@@ -607,11 +723,11 @@ static void attend_rows_avx2(const float *q, int64_t q_stride, const float *keys
 #endif
 
 /* q, out: [n, H, D] at positions start..start+n-1 of one slot, whose keys are already in
- * the cache; row i attends positions 0..start+i. Equal, row for row, to
- * bp_decode_attention_f32 with lengths start+1..start+n. */
+ * the cache; row i attends positions window_start..start+i. Equal, row for row, to
+ * bp_decode_attention_f32 with lengths start+1..start+n and the same window. */
 void bp_prompt_attention_f32(const float *q, const float *k_cache, const float *v_cache, float *out, int64_t slot,
                              int64_t start, int64_t n, int64_t H, int64_t KVH, int64_t D, int64_t max_len,
-                             float scale, int num_threads) {
+                             int64_t window, float scale, int num_threads) {
     attend_fn attend = attend_scalar;
     int rows_at_once = 0;
 #ifdef BP_X86
@@ -631,15 +747,19 @@ void bp_prompt_attention_f32(const float *q, const float *k_cache, const float *
         const float *values = v_cache + (slot * KVH + h / group) * max_len * D;
         float *scores = (float *)PyMem_RawMalloc((size_t)(L0 + R) * R * sizeof(float));
 #ifdef BP_X86
-        if (rows_at_once) {
+        /* Rows that share key 0 share their loads; once the window cuts in, each row runs alone. */
+        if (rows_at_once && window_start(L0 + R - 1, window) == 0) {
             attend_rows_avx2(q + (r0 * H + h) * D, H * D, keys, values, out + (r0 * H + h) * D, H * D, scores, R, L0,
                              D, scale);
             PyMem_RawFree(scores);
             continue;
         }
 #endif
-        for (int r = 0; r < R; r++)
-            attend(q + ((r0 + r) * H + h) * D, keys, values, out + ((r0 + r) * H + h) * D, scores, L0 + r, D, scale);
+        for (int r = 0; r < R; r++) {
+            int64_t lo = window_start(L0 + r, window);
+            attend(q + ((r0 + r) * H + h) * D, keys + lo * D, values + lo * D, out + ((r0 + r) * H + h) * D, scores,
+                   L0 + r - lo, D, scale);
+        }
         PyMem_RawFree(scores);
     }
 }

@@ -37,10 +37,11 @@ void bp_rms_norm_f32(const float *x, const float *w, float *y, int64_t rows, int
 void bp_rope_f32(float *x, int64_t rows, int64_t row_stride, int64_t heads, int64_t head_dim, int64_t rope_dim,
                  const int64_t *positions, const float *cos_table, const float *sin_table, int style);
 void bp_silu_mul_f32(const float *gate_up, float *y, int64_t rows, int64_t ffn);
+void bp_gelu_tanh_mul_f32(const float *gate_up, float *y, int64_t rows, int64_t ffn);
 void bp_decode_attention_f32(const float *q, const float *k_cache, const float *v_cache, float *out,
                              const int64_t *slots, const int64_t *lengths, int64_t B, int64_t H, int64_t KVH,
-                             int64_t D, int64_t max_len, float scale, int num_threads);
+                             int64_t D, int64_t max_len, int64_t window, float scale, int num_threads);
 void bp_prompt_attention_f32(const float *q, const float *k_cache, const float *v_cache, float *out, int64_t slot,
                              int64_t start, int64_t n, int64_t H, int64_t KVH, int64_t D, int64_t max_len,
-                             float scale, int num_threads);
+                             int64_t window, float scale, int num_threads);
 #endif

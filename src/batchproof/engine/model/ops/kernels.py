@@ -28,9 +28,11 @@ def _library() -> ctypes.CDLL | None:
     lib.bp_top_k_logprobs_f32.restype = None
     lib.bp_silu_mul_f32.argtypes = [ptr, ptr, i64, i64]
     lib.bp_silu_mul_f32.restype = None
-    lib.bp_decode_attention_f32.argtypes = [ptr] * 6 + [i64] * 5 + [ctypes.c_float, ctypes.c_int]
+    lib.bp_gelu_tanh_mul_f32.argtypes = [ptr, ptr, i64, i64]
+    lib.bp_gelu_tanh_mul_f32.restype = None
+    lib.bp_decode_attention_f32.argtypes = [ptr] * 6 + [i64] * 6 + [ctypes.c_float, ctypes.c_int]
     lib.bp_decode_attention_f32.restype = None
-    lib.bp_prompt_attention_f32.argtypes = [ptr] * 4 + [i64] * 7 + [ctypes.c_float, ctypes.c_int]
+    lib.bp_prompt_attention_f32.argtypes = [ptr] * 4 + [i64] * 8 + [ctypes.c_float, ctypes.c_int]
     lib.bp_prompt_attention_f32.restype = None
     lib.bp_linear_q.argtypes = [ptr, ptr, ctypes.c_int, i64, ptr, ptr, i64, i64, i64, i64, ctypes.c_int,
                                 ctypes.c_int]
@@ -148,10 +150,19 @@ def rope_(rows: torch.Tensor, num_heads: int, head_dim: int, rope_dim: int, posi
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """[rows, 2 * ffn] ([gate | up]) -> silu(gate) * up, [rows, ffn], every element by the same code."""
+    return _gated(gate_up, _library().bp_silu_mul_f32)
+
+
+def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """[rows, 2 * ffn] ([gate | up]) -> gelu_tanh(gate) * up (Gemma), every element by the same code."""
+    return _gated(gate_up, _library().bp_gelu_tanh_mul_f32)
+
+
+def _gated(gate_up: torch.Tensor, kernel) -> torch.Tensor:
     gate_up = gate_up.contiguous()
     rows, width = gate_up.shape
     y = torch.empty(rows, width // 2, dtype=torch.float32)
-    _library().bp_silu_mul_f32(_ptr(gate_up), _ptr(y), rows, width // 2)
+    kernel(_ptr(gate_up), _ptr(y), rows, width // 2)
     return y
 
 
@@ -170,8 +181,9 @@ def top_k_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, ...]:
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
-                     lengths: torch.Tensor, scale: float, num_threads: int) -> torch.Tensor:
-    """q: [B, H, D]; k_cache, v_cache: [slots, KVH, max_len, D] of one layer -> [B, H, D]."""
+                     lengths: torch.Tensor, scale: float, num_threads: int, window: int = 0) -> torch.Tensor:
+    """q: [B, H, D]; k_cache, v_cache: [slots, KVH, max_len, D] of one layer -> [B, H, D]; with a
+    window W > 0, a row of length L attends only its last min(L, W) keys."""
     lib = _library()
     assert lib is not None and k_cache.is_contiguous() and v_cache.is_contiguous()
     q = q.contiguous()
@@ -182,15 +194,15 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     out = torch.empty_like(q)
     lib.bp_decode_attention_f32(
         _ptr(q), _ptr(k_cache), _ptr(v_cache), _ptr(out), _ptr(slots), _ptr(lengths),
-        b, h, kvh, d, max_len, scale, num_threads,
+        b, h, kvh, d, max_len, window, scale, num_threads,
     )
     return out
 
 
 def prompt_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot: int, start: int,
-                     scale: float, num_threads: int) -> torch.Tensor:
+                     scale: float, num_threads: int, window: int = 0) -> torch.Tensor:
     """q: [n, H, D] at positions start.. of `slot` -> [n, H, D]; row i equals
-    decode_attention's row with length start + i + 1."""
+    decode_attention's row with length start + i + 1 and the same window."""
     lib = _library()
     assert lib is not None and k_cache.is_contiguous() and v_cache.is_contiguous()
     q = q.contiguous()
@@ -198,7 +210,7 @@ def prompt_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     kvh, max_len = k_cache.shape[1], k_cache.shape[2]
     out = torch.empty_like(q)
     lib.bp_prompt_attention_f32(_ptr(q), _ptr(k_cache), _ptr(v_cache), _ptr(out), slot, start, n, h, kvh, d, max_len,
-                                scale, num_threads)
+                                window, scale, num_threads)
     return out
 
 

@@ -75,7 +75,7 @@ void bp_decode_layers(const bp_shape *s, const bp_layer *layers, int64_t num_lay
             }
         }
         bp_decode_attention_f32(q, L->k_cache, L->v_cache, attn, slots, lengths, M, s->num_heads,
-                                s->num_kv_heads, D, s->max_len, s->scale, num_threads);
+                                s->num_kv_heads, D, s->max_len, 0, s->scale, num_threads);
         linear(&L->wo, attn, NULL, x, M, q_dim, 1, num_threads);
         bp_rms_norm_f32(x, L->ffn_norm, h, M, s->dim, s->eps);
         linear(&L->w_gate_up, h, NULL, gate_up, M, s->dim, 0, num_threads);

@@ -83,14 +83,21 @@ class TorchOps:
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
 
+    def gelu_tanh_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.gelu(gate, approximate="tanh") * up
+
     def prompt_attention(self, q: torch.Tensor, cache: KVCache, layer: int, slot: int, start: int,
-                         scale: float) -> torch.Tensor:
+                         scale: float, window: int = 0) -> torch.Tensor:
         n = q.shape[0]
         keys, values = cache.view(layer, slot, start + n)  # [kv_heads, start + n, hd]
         mask = None
-        if start > 0:  # a later chunk also sees every earlier position
+        if start > 0 or window:  # a later chunk also sees every earlier position (within the window)
             key_pos = torch.arange(start + n, device=q.device)
-            mask = key_pos[None, :] <= torch.arange(start, start + n, device=q.device)[:, None]
+            query_pos = torch.arange(start, start + n, device=q.device)[:, None]
+            mask = key_pos[None, :] <= query_pos
+            if window:
+                mask &= key_pos[None, :] > query_pos - window
         attn = F.scaled_dot_product_attention(
             q.transpose(0, 1)[None], keys[None], values[None],
             attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=True,
@@ -98,13 +105,15 @@ class TorchOps:
         return attn[0].transpose(0, 1)
 
     def decode_attention(self, q: torch.Tensor, cache: KVCache, layer: int, slots: torch.Tensor,
-                         lengths: torch.Tensor, scale: float) -> torch.Tensor:
+                         lengths: torch.Tensor, scale: float, window: int = 0) -> torch.Tensor:
         # One SDPA call per sequence over its own keys: no padding enters any row's sums.
         num_kv_heads = cache.k[layer].shape[1]
         q_groups = q.unflatten(1, (num_kv_heads, -1))  # [B, kv_heads, group, hd]
         out = torch.empty_like(q_groups)
         for row, (slot, length) in enumerate(zip(slots.tolist(), lengths.tolist())):
             keys, values = cache.view(layer, slot, length)
+            if window:
+                keys, values = keys[:, -window:], values[:, -window:]
             out[row] = F.scaled_dot_product_attention(q_groups[row], keys, values, scale=scale)
         return out.flatten(1, 2)
 
