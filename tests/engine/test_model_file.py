@@ -151,17 +151,17 @@ def test_every_truncation_is_one_line_naming_the_file(tiny_bytes, tmp_path: Path
 def test_our_header_reader_gives_what_gguf_py_gives(tmp_path: Path) -> None:
     """Metadata values and tensor bytes equal gguf-py's GGUFReader on the default model and a tiny file."""
     from batchproof.engine.model.default_model import default_model_path
-    from batchproof.engine.model.gguf_file import _tensor_bytes
     from batchproof.engine.model.gguf_reader import read_gguf
 
     tiny = tmp_path / "tiny.gguf"
     write_tiny_gguf(tiny, TinySpec(num_layers=1))
     for path in (tiny, default_model_path()):
         reader = gguf.GGUFReader(path)
-        metadata, tensors = read_gguf(path, _tensor_bytes)
+        metadata, tensors = read_gguf(path)
         expected = {name: field.contents() for name, field in reader.fields.items() if not name.startswith("GGUF.")}
         assert metadata == expected
         assert [t.name for t in tensors] == [t.name for t in reader.tensors]
         for ours, theirs in zip(tensors, reader.tensors):
-            assert ours.type_id == int(theirs.tensor_type) and ours.dims == tuple(int(d) for d in theirs.shape)
+            assert ours.qtype == int(theirs.tensor_type)
+            assert ours.shape == tuple(int(d) for d in reversed(theirs.shape))
             assert ours.data.tobytes() == np.asarray(theirs.data).tobytes()

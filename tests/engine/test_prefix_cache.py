@@ -70,14 +70,21 @@ def test_a_shared_system_prompt_is_served_from_the_cache_with_the_same_bits(warm
 
 
 def test_prompt_logprobs_of_a_cached_prefix_are_the_same_bits(warm, cold):
+    """Scored once at top 2, the prefix's blocks keep their records: a request at top 2 or
+    less reads them (top 1 is the first entry of top 2), one at top 5 scores the hidden
+    states through the LM head again; every float equals a fresh engine's."""
     ids = chat(warm, ("system", SYSTEM), ("user", "Where is the reading room?"))
-    scoring = params(max_tokens=2, prompt_logprobs=2)
-    run(warm, {"seed": (ids, scoring)})
-    hot = run(warm, {"again": (ids, scoring)})["again"]
-    fresh = run(cold, {"fresh": (ids, scoring)})["fresh"]
-    assert hot[-1].num_cached_tokens >= len(ids) - 16
-    assert signature(hot) == signature(fresh)
-    assert len(hot[0].prompt_records) == len(ids)
+    run(warm, {"seed": (ids, params(max_tokens=2, prompt_logprobs=2))})
+    blocks = warm.prefix_cache.match(ids, len(ids) - 1, need_hidden=True)
+    assert blocks and all(b.records is not None and b.records_top >= 2 for b in blocks)
+    for top in (2, 1, 5, 0):
+        scoring = params(max_tokens=2, prompt_logprobs=top)
+        hot = run(warm, {f"again{top}": (ids, scoring)})[f"again{top}"]
+        fresh = run(cold, {f"fresh{top}": (ids, scoring)})[f"fresh{top}"]
+        assert hot[-1].num_cached_tokens >= len(ids) - 16
+        assert signature(hot) == signature(fresh)
+        assert len(hot[0].prompt_records) == len(ids)
+        assert all(len(r.top) <= top for r in hot[0].prompt_records[1:])
 
 
 def test_a_multi_turn_continuation_reuses_the_reply_it_follows(warm, cold):

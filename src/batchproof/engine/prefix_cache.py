@@ -23,16 +23,27 @@ from dataclasses import dataclass
 import torch
 
 
+RECORD_BYTES, ENTRY_BYTES = 200, 160  # a TokenRecord with its floats, and each TopEntry with its own (~180, ~130)
+
+
 @dataclass
 class Block:
     k: torch.Tensor  # [layers, kv_heads, block_size, head_dim]
     v: torch.Tensor
     hidden: torch.Tensor | None  # [block_size, dim] after the final norm, for prompt logprobs; None if decode made it
+    # Prompt records whose targets are this block's positions (the first block's first is
+    # None: nothing predicts token 0), at top-N `records_top`: a request scoring the same
+    # prefix at that top-N or less reads them instead of running the LM head again.
+    records: list | None = None
+    records_top: int = 0
 
     @property
     def nbytes(self) -> int:
         parts = (self.k, self.v) if self.hidden is None else (self.k, self.v, self.hidden)
-        return sum(t.numel() * t.element_size() for t in parts)
+        tensors = sum(t.numel() * t.element_size() for t in parts)
+        # Records are Python objects: counted at a generous estimate of their size.
+        records = sum(RECORD_BYTES + ENTRY_BYTES * len(r.top) for r in self.records or () if r is not None)
+        return tensors + records
 
 
 @dataclass
@@ -99,6 +110,17 @@ class PrefixCache:
             self.nbytes += block.nbytes
             self.stats.inserted_blocks += 1
         self._touch(keys)
+        self._evict(keep=keys)
+
+    def add_records(self, keys: list[bytes], records_of, top_n: int) -> None:
+        """Give held blocks records_of(i) where they have none at top-N `top_n` or more."""
+        for i, key in enumerate(keys):
+            block = self._blocks.get(key)
+            if block is not None and block.hidden is not None and (block.records is None
+                                                                    or block.records_top < top_n):
+                before = block.nbytes
+                block.records, block.records_top = records_of(i), top_n
+                self.nbytes += block.nbytes - before
         self._evict(keep=keys)
 
     def _touch(self, keys: list[bytes]) -> None:

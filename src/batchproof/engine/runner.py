@@ -50,7 +50,7 @@ class ModelRunner:
             last_logits = self.model.logits(torch.cat([computed[id(s)][-1][-1:] for s in group])).cpu()
             for seq, logits in zip(group, last_logits):
                 seq.num_computed = len(seq.prompt_ids)
-                self._keep_prompt(seq, begin[id(seq)], computed[id(seq)])
+                self._keep_prompt(seq, begin[id(seq)], computed[id(seq)], scored[id(seq)])
                 results[id(seq)] = (logits, scored[id(seq)] if seq.params.prompt_logprobs is not None else None)
         return [results[id(seq)] for seq in seqs]
 
@@ -73,23 +73,47 @@ class ModelRunner:
         for i, block in enumerate(blocks):
             self.cache.write_block(seq.slot, i * size, block.k, block.v)
         if wants_scores and blocks:
-            hidden = torch.cat([block.hidden for block in blocks])
-            for start in range(0, begin, self.max_prefill_tokens):
-                scored += self._score(seq, start, hidden[start:start + self.max_prefill_tokens])
+            scored += self._cached_scores(seq, blocks)
         return begin
 
-    def _keep_prompt(self, seq: Sequence, begin: int, computed: list[torch.Tensor]) -> None:
-        """After prefill: the prompt's full blocks this sequence computed, with their hidden states."""
+    def _cached_scores(self, seq: Sequence, blocks: list[Block]) -> list[TokenRecord]:
+        """Records for the targets 1..begin of a cached prefix: kept ones where every block
+        kept them at this top-N or more (the top-n of a row is the first n of its top-N), the
+        last one, whose target lies past the prefix, through the LM head from its hidden
+        state; else all of them from the hidden states."""
+        top_n, size = seq.params.prompt_logprobs, self.prefix_cache.block_size
+        begin = len(blocks) * size
+        if all(block.records is not None and block.records_top >= top_n for block in blocks):
+            kept = [record for block in blocks for record in block.records][1:]  # target 0 has none
+            kept = [TokenRecord(r.step, r.token_id, r.logprob, r.top[:top_n]) for r in kept]
+            return kept + self._score(seq, begin - 1, blocks[-1].hidden[-1:])
+        hidden = torch.cat([block.hidden for block in blocks])
+        records: list[TokenRecord] = []
+        for start in range(0, begin, self.max_prefill_tokens):
+            records += self._score(seq, start, hidden[start:start + self.max_prefill_tokens])
+        return records
+
+    def _keep_prompt(self, seq: Sequence, begin: int, computed: list[torch.Tensor], scored: list) -> None:
+        """After prefill: the prompt's full blocks this sequence computed, with their hidden
+        states, and its prompt records (block i keeps the records whose targets are its own
+        positions) when it scored them."""
         cache = self.prefix_cache
         if cache is None:
             return
         size = cache.block_size
         keys = cache.keys(seq.prompt_ids, len(seq.prompt_ids) // size)
+        top_n = seq.params.prompt_logprobs
+
+        def records(i: int) -> list | None:
+            return None if top_n is None else scored[i * size:(i + 1) * size]
+
         wanted = [i for i in cache.missing(keys, need_hidden=True) if i * size >= begin]
         if wanted:
             hidden = torch.cat(computed)
-            cache.insert(keys, {i: self._block(seq.slot, i, hidden[i * size - begin:(i + 1) * size - begin])
-                                for i in wanted})
+            cache.insert(keys, {i: self._block(seq.slot, i, hidden[i * size - begin:(i + 1) * size - begin],
+                                               records(i), top_n) for i in wanted})
+        if top_n is not None:  # blocks it found without records at this top-N learn them
+            cache.add_records(keys, records, top_n)
 
     def keep_retired(self, seq: Sequence) -> None:
         """As a sequence leaves its slot: the blocks of prompt and reply it computed."""
@@ -100,9 +124,10 @@ class ModelRunner:
         keys = cache.keys(tokens, len(tokens) // cache.block_size)
         cache.insert(keys, {i: self._block(seq.slot, i, None) for i in cache.missing(keys, need_hidden=False)})
 
-    def _block(self, slot: int, index: int, hidden: torch.Tensor | None) -> Block:
+    def _block(self, slot: int, index: int, hidden: torch.Tensor | None, records: list | None = None,
+               records_top: int = 0) -> Block:
         k, v = self.cache.read_block(slot, index * self.prefix_cache.block_size, self.prefix_cache.block_size)
-        return Block(k, v, None if hidden is None else hidden.clone())
+        return Block(k, v, None if hidden is None else hidden.clone(), records, records_top)
 
     def _score(self, seq: Sequence, start: int, rows: torch.Tensor) -> list[TokenRecord]:
         targets = seq.prompt_ids[start + 1:start + 1 + len(rows)]  # row i predicts token start + i + 1
