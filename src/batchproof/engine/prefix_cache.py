@@ -22,7 +22,6 @@ from dataclasses import dataclass
 
 import torch
 
-
 RECORD_BYTES, ENTRY_BYTES = 200, 160  # a TokenRecord with its floats, and each TopEntry with its own (~180, ~130)
 
 
