@@ -64,10 +64,11 @@ def ttft_pair(url: str, model: str | None, round_number: int) -> tuple[float, fl
 
 def distinct_band(url: str, model: str | None, round_number: int, c: int, max_tokens: int) -> float:
     """Aggregate tokens per second of c concurrent requests whose prompts share nothing."""
-    bodies = [_chat("", f"{_opening(round_number * 100 + i)}. Write about the sea.", max_tokens, model)
+    # Each prompt opens with its own words in a system message of its own (without one, the
+    # default model's template writes the same default system prompt before every prompt,
+    # and the cache would serve that block to all of them).
+    bodies = [_chat(f"{_opening(i)}, {_opening(round_number)}.", "Write about the sea.", max_tokens, model)
               for i in range(c)]
-    for body in bodies:
-        body["messages"] = body["messages"][1:]  # no system prompt: the prompts differ from their first token
     wall, results = asyncio.run(_fire(url, bodies))
     return sum(r.completion_tokens or 0 for r in results) / wall
 
