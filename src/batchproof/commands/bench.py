@@ -56,7 +56,9 @@ def load_engine(args: argparse.Namespace):
     from batchproof.engine.config import EngineConfig
     from batchproof.engine.engine import Engine
 
-    return Engine(EngineConfig(model_path=args.model, device="cpu"))
+    # No prefix cache: the engine figures measure the arithmetic, and the prefill figure
+    # repeats one prompt, which the cache would answer from memory.
+    return Engine(EngineConfig(model_path=args.model, device="cpu", prefix_cache=False))
 
 
 def engine_prefill(engine, args: argparse.Namespace) -> dict:
