@@ -28,8 +28,11 @@ def gemma() -> Engine:
     return Engine(EngineConfig(model_path=Path("gemma3-270m"), device="cpu", max_batch=16, max_model_len=256))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def gemma_server(gemma):
+    """Torn down after its test: the server's engine thread steps this engine (it retires the
+    last sequences after their reply has gone out), so no test may drive the engine directly
+    while the server is up."""
     with live_server(gemma) as live:
         yield live
 
