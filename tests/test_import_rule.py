@@ -1,13 +1,15 @@
 """The import rule, derived from the tree: a module's layer is the package it lives in.
 
     common  <- engine <- server <- commands (and cli)
+               engine, server <- fleet <- commands
     common  <- probe
     common  <- check
     common, check <- report
 
 `common`, `probe`, `check` and `report` import neither torch nor numpy, not even through another
 module of ours; the engine never imports the server; the probe and the check never
-import each other. A new module is covered by where it is put.
+import each other; only the fleet imports ray (an optional extra), so the single server
+never needs it. A new module is covered by where it is put.
 """
 
 import ast
@@ -24,10 +26,11 @@ ALLOWED = {
     "common": {"common"},
     "engine": {"common", "engine"},
     "server": {"common", "engine", "server"},
+    "fleet": {"common", "engine", "server", "fleet"},
     "probe": {"common", "probe"},
     "check": {"common", "check"},
     "report": {"common", "check", "report"},
-    "commands": {"common", "engine", "server", "probe", "check", "report", "commands"},
+    "commands": {"common", "engine", "server", "fleet", "probe", "check", "report", "commands"},
     "cli": {"commands"},
 }
 TORCH_FREE = {"common", "probe", "check", "report"}
@@ -148,3 +151,21 @@ def test_probe_check_and_cli_run_without_torch_or_numpy():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("module", [m for m in MODULES if layer(m) != "fleet"])
+def test_only_the_fleet_imports_ray(module):
+    assert "ray" not in imports(module)[1]
+
+
+def test_the_single_server_runs_without_ray():
+    """With ray unimportable, the server app, `batchproof serve` and the CLI's flags (the fleet's
+    included: its settings are plain dataclasses) load, and ray was never attempted."""
+    code = BLOCK_HEAVY.replace("('torch', 'numpy')", "('ray',)") + (
+        "import batchproof.server.app, batchproof.commands.serve, batchproof.fleet.config, batchproof.cli\n"
+        "batchproof.cli.build_parser()\n"
+        "print('ray' in sys.modules)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"

@@ -12,6 +12,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("batchproof.commands.generate", "generate one chat reply with logprobs"),
     "serve": ("batchproof.commands.serve", "serve the OpenAI-compatible API"),
+    "fleet": ("batchproof.commands.fleet", "serve the same API from N engine replicas on Ray Serve"),
     "models": ("batchproof.commands.models", "list the models batchproof knows by name, and how to install each"),
     "bench": ("batchproof.commands.bench", "measure load, prefill and decode speed"),
     "probe": ("batchproof.commands.probe", "measure a server's batch parity and write a witness"),

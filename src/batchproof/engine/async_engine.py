@@ -1,7 +1,9 @@
 """The engine's own thread, and the asyncio side that submits requests and reads their deltas."""
 
 import asyncio
+import os
 import queue
+import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -14,6 +16,14 @@ from batchproof.engine.sequence import RequestOutput
 # A burst rarely arrives in one instant (each request is parsed and tokenized in turn),
 # so an idle engine keeps waiting while arrivals keep coming, up to this long in all.
 MAX_GATHER_S = 1.0
+
+
+@dataclass
+class Opened:
+    """A request admitted by an engine: who runs it, and its deltas until it finishes."""
+
+    replica: str  # the id of the engine running it (a fleet's replies name it in a header)
+    outputs: AsyncIterator[RequestOutput]
 
 
 @dataclass
@@ -33,8 +43,9 @@ class AsyncEngine:
     """One thread owns the engine; everything else talks to it through `_inbox`."""
 
     def __init__(self, engine: Engine, batch_window_s: float,
-                 on_batch: Callable[[BatchSummary], None] = lambda summary: None) -> None:
+                 on_batch: Callable[[BatchSummary], None] = lambda summary: None, replica_id: str = "") -> None:
         self.engine = engine
+        self.replica_id = replica_id or f"{socket.gethostname()}-{os.getpid()}"
         self.batch_window_s = batch_window_s
         self.on_batch = on_batch
         self._inbox: queue.Queue = queue.Queue()
@@ -65,6 +76,11 @@ class AsyncEngine:
     @property
     def num_free_slots(self) -> int:
         return len(self.engine.scheduler.free_slots)
+
+    async def open(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> Opened:
+        """The one way the server starts a request (a fleet's stand-in answers the same call
+        after a replica has taken it); the request is queued when its deltas are first read."""
+        return Opened(self.replica_id, self.generate(request_id, prompt_ids, params))
 
     async def generate(self, request_id: str, prompt_ids: list[int], params: SamplingParams
                        ) -> AsyncIterator[RequestOutput]:

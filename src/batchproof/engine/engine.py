@@ -8,13 +8,13 @@ from dataclasses import dataclass
 import torch
 
 from batchproof.common.hashing import file_sha256
-from batchproof.engine.chat_formats import NoChatTemplate, choose_chat_template
 from batchproof.engine.config import EngineConfig
 from batchproof.engine.kv_cache import KVCache
-from batchproof.engine.model.gguf_file import ModelLoadError, ModelSpec, read_model_file
+from batchproof.engine.model.gguf_file import ModelSpec, read_model_file
 from batchproof.engine.model.known_models import resolve_model
 from batchproof.engine.model.ops import KernelOps, choose_ops, kernels
 from batchproof.engine.model.transformer import Transformer
+from batchproof.engine.model_front import ModelFront
 from batchproof.engine.outputs import OutputProcessor
 from batchproof.engine.prefix_cache import PrefixCache
 from batchproof.engine.runner import ModelRunner
@@ -22,10 +22,8 @@ from batchproof.engine.sampling_params import SamplingParams
 from batchproof.engine.scheduler import Scheduler
 from batchproof.engine.sequence import RequestOutput, Sequence, Status
 from batchproof.engine.text_stream import TextStream
-from batchproof.engine.tokenizer import Tokenizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-DEFAULT_MAX_MODEL_LEN = 8192
 PREFIX_BLOCK_TOKENS = 16  # vLLM's default block: fine enough that a shared system prompt loses < 16 tokens
 
 
@@ -62,17 +60,10 @@ class Engine:
         self.weights = config.weights if isinstance(ops, KernelOps) else "float32"
         model_file = read_model_file(self.model_path, kernels.runs_natively if self.weights == "native" else None)
         self.spec: ModelSpec = model_file.spec
-        try:
-            self.tokenizer = Tokenizer(model_file.metadata)
-        except (ValueError, KeyError) as e:
-            raise ModelLoadError(f"{self.model_path}: unusable tokenizer ({e})") from None
-        # None when the model has no chat format; chat_template_origin then says why
-        self.chat_template, self.chat_template_origin = choose_chat_template(
-            model_file.metadata.get("tokenizer.chat_template"), self.tokenizer.special_spellings(),
-            bos_token=self._spelling(self.tokenizer.ids.bos_id), eos_token=self._spelling(self.tokenizer.ids.eos_id),
-            override=config.chat_template,
-        )
-        self.max_model_len = min(config.max_model_len or DEFAULT_MAX_MODEL_LEN, self.spec.context_len)
+        self.front = ModelFront.from_metadata(self.model_path, model_file.metadata, self.spec.context_len, config)
+        self.tokenizer = self.front.tokenizer
+        self.chat_template, self.chat_template_origin = self.front.chat_template, self.front.chat_template_origin
+        self.max_model_len = self.front.max_model_len
         with torch.inference_mode():
             self.model = Transformer.from_model_file(model_file, self.device, self.dtype, self.max_model_len, ops)
         del model_file
@@ -100,9 +91,6 @@ class Engine:
         # The key's seed names everything that shapes the bits: model file, weights, kernels.
         identity = f"{self.model_sha256}|{self.weights}|{self.config.dtype}|{self.model.ops.decode_path}"
         return PrefixCache(PREFIX_BLOCK_TOKENS, self.config.prefix_cache_mb * 2**20, identity)
-
-    def _spelling(self, token_id: int | None) -> str:
-        return "" if token_id is None else self.tokenizer.spelling(token_id)
 
     # --- requests --------------------------------------------------------------------
 
@@ -189,13 +177,7 @@ class Engine:
     # --- conveniences for the CLI and tests ---------------------------------------------
 
     def chat_prompt_ids(self, messages: list[dict]) -> list[int]:
-        if self.chat_template is None:
-            raise NoChatTemplate(self.chat_template_origin)
-        text = self.chat_template.render(messages, add_generation_prompt=True)
-        ids = self.tokenizer.encode(text)
-        bos = self.tokenizer.ids.bos_id
-        # BOS once: added as the tokenizer says, unless the template wrote it (Gemma's, Llama 3's)
-        return [bos, *ids] if self.tokenizer.ids.add_bos and bos is not None and ids[:1] != [bos] else ids
+        return self.front.chat_prompt_ids(messages)
 
     def generate(self, requests: dict[str, tuple[list[int], SamplingParams]]) -> dict[str, list[RequestOutput]]:
         """Run requests to completion together; every delta each one produced, in order."""
@@ -229,6 +211,7 @@ class Engine:
             "max_prefill_tokens": self.config.max_prefill_tokens,
             "batch_invariant": self.config.is_batch_invariant,
             "decode_path": self.model.ops.decode_path,
+            "numerics": self.model.ops.numerics,
             "chat_template": self.chat_template_origin,
             "weights": self.weights,
             "weights_bytes": self.model.weights_nbytes,

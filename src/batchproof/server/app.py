@@ -4,7 +4,7 @@ import asyncio
 import contextlib
 import secrets
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -18,6 +18,7 @@ from batchproof.engine.engine import Engine
 from batchproof.engine.load_errors import load_error_message
 from batchproof.server.batch_log import BatchLog
 from batchproof.server.config import ServerConfig
+from batchproof.server.engine_client import Backend
 from batchproof.server.errors import APIError
 from batchproof.server.metrics import RequestCounter
 from batchproof.server.openapi import install_openapi
@@ -68,30 +69,47 @@ class RequireAPIKey:
         await self.app(scope, receive, send)
 
 
-def _start_engine(state: ServerState, engine: Engine | None, loop: asyncio.AbstractEventLoop) -> None:
-    """Load (unless given) and start the engine; runs off the event loop, so /health answers 503 meanwhile."""
+# Starts what runs requests, off the event loop (it may load a model for seconds).
+StartBackend = Callable[[ServerState, asyncio.AbstractEventLoop], Backend]
+
+
+def local_backend(engine: Engine | None = None) -> StartBackend:
+    """One engine in this process: `engine` (tests share one), else loaded from the config."""
+
+    def start(state: ServerState, loop: asyncio.AbstractEventLoop) -> Backend:
+        async_engine = AsyncEngine(engine or Engine(state.engine_config), state.engine_config.batch_window_ms / 1000,
+                                   state.batch_log)
+        async_engine.start(loop)
+        return async_engine
+
+    return start
+
+
+def _start_backend(state: ServerState, start: StartBackend, loop: asyncio.AbstractEventLoop) -> None:
+    """Runs on a loader thread, so /health answers 503 meanwhile."""
     try:
-        engine = engine or Engine(state.engine_config)
+        backend = start(state, loop)
     except Exception as e:
         state.load_error = load_error_message(e) or f"{type(e).__name__}: {e}"
         if state.on_load_error is not None:
             state.on_load_error()
         return
-    state.served_model_name = state.config.served_model_name or engine.model_path.stem
-    async_engine = AsyncEngine(engine, state.engine_config.batch_window_ms / 1000, state.batch_log)
-    async_engine.start(loop)
-    state.async_engine = async_engine
+    state.served_model_name = state.config.served_model_name or backend.engine.model_path.stem
+    state.async_engine = backend
 
 
-def create_app(server_config: ServerConfig, engine_config: EngineConfig, engine: Engine | None = None) -> FastAPI:
-    """engine: an already loaded engine to serve (tests share one); else one is loaded at startup."""
+def create_app(server_config: ServerConfig, engine_config: EngineConfig, engine: Engine | None = None,
+               start: StartBackend | None = None) -> FastAPI:
+    """engine: an already loaded engine to serve (tests share one); start: what runs requests
+    instead of a local engine (a fleet's router); else one engine is loaded at startup."""
     state = ServerState(config=server_config, engine_config=engine_config)
     state.served_model_name = server_config.served_model_name or ""
     state.batch_log = BatchLog(state.metrics, server_config.log_file)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        loader = threading.Thread(target=_start_engine, args=(state, engine, asyncio.get_running_loop()),
+        loader = threading.Thread(target=_start_backend,
+                                  args=(state, start or local_backend(engine), asyncio.get_running_loop()),
                                   name="batchproof-loader", daemon=True)
         loader.start()
         yield

@@ -1,13 +1,18 @@
-"""What the server needs of a loaded engine, as a protocol: the server is written against
-this, not the concrete Engine, so another implementation (replicas elsewhere) can stand in.
-Running requests goes through AsyncEngine; this is the rest: the model's facts."""
+"""What the server needs of an engine, as two protocols: the server is written against
+these, not the concrete Engine and AsyncEngine, so a fleet of replicas elsewhere
+(batchproof.fleet) stands in behind the same routes. EngineClient is the model's facts;
+Backend runs requests."""
 
 from pathlib import Path
 from typing import Protocol
 
+from batchproof.engine.async_engine import Opened
 from batchproof.engine.chat_template import ChatTemplate
 from batchproof.engine.prefix_cache import PrefixCache
+from batchproof.engine.sampling_params import SamplingParams
 from batchproof.engine.tokenizer import Tokenizer
+
+REPLICA_HEADER = "x-batchproof-replica"  # on every generation reply: who computed it
 
 
 class EngineClient(Protocol):
@@ -23,3 +28,24 @@ class EngineClient(Protocol):
 
     def info(self) -> dict:
         """Everything that shapes the numbers, for /v1/server_info."""
+
+
+class Backend(Protocol):
+    """Runs requests: AsyncEngine in one process, or a fleet's router to its replicas."""
+
+    engine: EngineClient
+    failure: BaseException | None  # set when no request can run any more (503s)
+
+    @property
+    def num_waiting(self) -> int: ...
+
+    @property
+    def num_running(self) -> int: ...
+
+    @property
+    def num_free_slots(self) -> int: ...
+
+    async def open(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> Opened:
+        """Admit a request (an APIError if it cannot be: 429, 503) -> who runs it and its deltas."""
+
+    def stop(self) -> None: ...

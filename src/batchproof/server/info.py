@@ -11,16 +11,36 @@ from batchproof.engine.tokenizer import Tokenizer
 
 PACKAGE_DIR = Path(batchproof.__file__).resolve().parent
 BUILD_SUFFIXES = {".py", ".c", ".yaml", ".so"}
+SOURCE_SUFFIXES = {".py", ".c", ".h"}  # what a build compiles from; a host's own .so bytes differ
+
+
+def _package_sha256(suffixes: set[str]) -> str:
+    """sha256 over the installed package's files of these kinds (name and bytes, in name order)."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in PACKAGE_DIR.rglob("*") if p.suffix in suffixes and p.is_file()):
+        digest.update(str(path.relative_to(PACKAGE_DIR)).encode() + b"\0")
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
 
 
 @cache
 def build_sha256() -> str:
-    """sha256 over the installed package's own files (name and bytes, in name order)."""
-    digest = hashlib.sha256()
-    for path in sorted(p for p in PACKAGE_DIR.rglob("*") if p.suffix in BUILD_SUFFIXES and p.is_file()):
-        digest.update(str(path.relative_to(PACKAGE_DIR)).encode() + b"\0")
-        digest.update(path.read_bytes())
-    return digest.hexdigest()
+    return _package_sha256(BUILD_SUFFIXES)
+
+
+@cache
+def source_sha256() -> str:
+    return _package_sha256(SOURCE_SUFFIXES)
+
+
+def numerics_id(engine_info: dict) -> str:
+    """A hash of what determines the bits: the model, the weights mode, the dtype, the arithmetic
+    (our kernels' numerics version, the same on every instruction set; or torch's build and
+    device) and the source it was built from. Two servers with the same id must answer a greedy
+    request identically; the compiled library is left out, since each host builds its own."""
+    parts = [engine_info["model_sha256"], engine_info["weights"], engine_info["dtype"], engine_info["numerics"],
+             source_sha256()]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
 @cache
@@ -42,6 +62,7 @@ def server_info(engine_info: dict, served_model_name: str, server_settings: dict
         "git_commit": git_commit(),
         "host": socket.gethostname(),
         "served_model_name": served_model_name,
+        "numerics_id": numerics_id(engine_info),
         **engine_info,
         "server": server_settings,
     }

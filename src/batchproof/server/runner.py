@@ -5,14 +5,15 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from batchproof.common.wire import SSE_DONE, sse
-from batchproof.engine.async_engine import AsyncEngine
-from batchproof.engine.sampling_params import SamplingParams
+from batchproof.engine.async_engine import Opened
 from batchproof.engine.sequence import RequestOutput
+from batchproof.server.engine_client import REPLICA_HEADER, Backend
 from batchproof.server.errors import APIError, count_mismatch
 from batchproof.server.formatting import Delta, ReplyFormatter
 from batchproof.server.merge import merge
@@ -27,7 +28,7 @@ def new_request_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def admit(engine: AsyncEngine, max_queue: int, num_sequences: int = 1) -> None:
+def admit(engine: Backend, max_queue: int, num_sequences: int = 1) -> None:
     if engine.failure is not None:
         raise APIError(503, f"the engine stopped ({type(engine.failure).__name__}: {engine.failure}); "
                             "restart the server", type_="service_unavailable")
@@ -40,6 +41,8 @@ def admit(engine: AsyncEngine, max_queue: int, num_sequences: int = 1) -> None:
 def engine_error(out: RequestOutput, timeout_s: float) -> APIError | None:
     if out.finish_reason == "error":
         return APIError(500, f"generation failed: {out.error}", type_="server_error")
+    if out.finish_reason == "unavailable":  # the replica running it went away (a fleet)
+        return APIError(503, f"generation failed: {out.error}", type_="service_unavailable")
     if out.finish_reason == "abort":
         return APIError(504, f"request aborted after {timeout_s:g} s", type_="timeout_error")
     return None
@@ -49,14 +52,13 @@ def timeout_error(timeout_s: float) -> APIError:
     return APIError(504, f"request timed out after {timeout_s:g} s", type_="timeout_error")
 
 
-async def deltas(engine: AsyncEngine, metrics: Metrics, request_id: str, prompt_ids: list[int],
-                 params: SamplingParams, timeout_s: float) -> AsyncIterator[RequestOutput]:
+async def deltas(opened: Opened, metrics: Metrics, num_prompt_tokens: int, arrival: float,
+                 timeout_s: float) -> AsyncIterator[RequestOutput]:
     """One sequence's deltas, ending with its final one; TimeoutError past the deadline."""
-    arrival = time.perf_counter()
     last_token_time: float | None = None
     num_tokens = 0
-    metrics.prompt_tokens.inc(len(prompt_ids))
-    async with contextlib.aclosing(engine.generate(request_id, prompt_ids, params)) as stream:
+    metrics.prompt_tokens.inc(num_prompt_tokens)
+    async with contextlib.aclosing(opened.outputs) as stream:
         async with asyncio.timeout(timeout_s):
             async for out in stream:
                 if out.num_output_tokens > num_tokens:
@@ -73,14 +75,37 @@ async def deltas(engine: AsyncEngine, metrics: Metrics, request_id: str, prompt_
 CLIENT_GONE = 499  # nginx's "client closed request": logged and counted, never sent
 
 
-def submit(state: ServerState, plan: Plan, id_prefix: str) -> tuple[str, AsyncIterator[Delta]]:
-    """Admit a planned request (or refuse it: 429, 503) -> its id and the deltas of all its choices."""
-    admit(state.async_engine, state.config.max_queue, len(plan.choices))
+@dataclass
+class Submitted:
+    request_id: str
+    replicas: list[str]  # who runs each choice, in choice order
+    stream: AsyncIterator[Delta]
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {REPLICA_HEADER: ",".join(dict.fromkeys(self.replicas))}
+
+
+async def submit(state: ServerState, plan: Plan, id_prefix: str) -> Submitted:
+    """Admit a planned request (or refuse it: 429, 503) -> its id, who runs it and the deltas of
+    all its choices. Each choice is opened before the reply starts, so a fleet names its
+    replicas in the headers and an unreachable one is a 503, not a broken stream."""
+    engine = state.async_engine
+    admit(engine, state.config.max_queue, len(plan.choices))
     request_id = new_request_id(id_prefix)
-    streams = {choice.index: deltas(state.async_engine, state.metrics, f"{request_id}-{choice.index}",
-                                    plan.prompt_ids(choice), choice.params, state.config.request_timeout_s)
-               for choice in plan.choices}
-    return request_id, merge(streams)
+    arrival = time.perf_counter()
+    opened: dict[int, Opened] = {}
+    try:
+        for choice in plan.choices:
+            opened[choice.index] = await engine.open(f"{request_id}-{choice.index}", plan.prompt_ids(choice),
+                                                     choice.params)
+    except BaseException:
+        for one in opened.values():
+            await one.outputs.aclose()
+        raise
+    streams = {choice.index: deltas(opened[choice.index], state.metrics, len(plan.prompt_ids(choice)), arrival,
+                                    state.config.request_timeout_s) for choice in plan.choices}
+    return Submitted(request_id, [one.replica for one in opened.values()], merge(streams))
 
 
 async def collect(request: Request, stream: AsyncIterator[Delta]) -> list[Delta] | None:
@@ -106,11 +131,13 @@ async def collect(request: Request, stream: AsyncIterator[Delta]) -> list[Delta]
     return work.result()
 
 
-async def reply(request: Request, stream: AsyncIterator[Delta], timeout_s: float, is_streamed: bool,
+async def reply(request: Request, submitted: Submitted, timeout_s: float, is_streamed: bool,
                 formatter: ReplyFormatter) -> Response:
     """The response for one request: an SSE stream of its chunks, or the whole reply."""
+    stream = submitted.stream
     if is_streamed:
-        return StreamingResponse(sse_events(stream, timeout_s, formatter), media_type="text/event-stream")
+        return StreamingResponse(sse_events(stream, timeout_s, formatter), media_type="text/event-stream",
+                                 headers=submitted.headers)
     try:
         deltas = await collect(request, stream)
     except TimeoutError:
@@ -124,7 +151,7 @@ async def reply(request: Request, stream: AsyncIterator[Delta], timeout_s: float
         error = engine_error(outputs[-1], timeout_s)
         if error is not None:
             raise error
-    return JSONResponse(formatter.whole([by_choice[i] for i in sorted(by_choice)]))
+    return JSONResponse(formatter.whole([by_choice[i] for i in sorted(by_choice)]), headers=submitted.headers)
 
 
 async def sse_events(stream: AsyncIterator[Delta], timeout_s: float,

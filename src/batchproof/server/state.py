@@ -6,11 +6,10 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from batchproof.engine.async_engine import AsyncEngine
 from batchproof.engine.config import EngineConfig
 from batchproof.server.batch_log import BatchLog
 from batchproof.server.config import ServerConfig
-from batchproof.server.engine_client import EngineClient
+from batchproof.server.engine_client import Backend, EngineClient
 from batchproof.server.errors import APIError, from_validation_error
 from batchproof.server.metrics import Metrics
 from batchproof.server.plan import Limits
@@ -23,7 +22,7 @@ class ServerState:
     config: ServerConfig
     engine_config: EngineConfig
     metrics: Metrics = field(default_factory=Metrics)
-    async_engine: AsyncEngine | None = None
+    async_engine: Backend | None = None  # once loaded (or connected, for a fleet)
     served_model_name: str = ""
     load_error: str | None = None
     batch_log: BatchLog | None = None

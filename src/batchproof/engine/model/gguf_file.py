@@ -207,6 +207,18 @@ def _raw(tensor: TensorEntry, path: Path, runs_natively: Callable[[int], bool]) 
     return RawTensor(tensor.data.view(np.uint8).reshape(tensor.shape[0], -1), tensor.qtype, tensor.shape)
 
 
+def read_model_header(path: Path) -> tuple[dict[str, Any], int]:
+    """The metadata and the context length, without reading a tensor (a fleet's ingress
+    tokenizes from this alone)."""
+    path = Path(path)
+    meta, _ = _read(path)
+    arch = meta.get("general.architecture")
+    key = f"{arch}.context_length"
+    if arch not in ROPE_STYLES or key not in meta:
+        raise ModelLoadError(f"{path}: architecture {arch!r} is not supported, or {key!r} is missing")
+    return meta, int(meta[key])
+
+
 def read_model_file(path: Path, runs_natively: Callable[[int], bool] | None = None) -> ModelFile:
     """runs_natively: keep the matmul weights whose type it accepts as RawTensor blocks
     (any other type is refused, naming the tensor); None dequantizes everything."""

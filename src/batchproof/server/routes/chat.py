@@ -37,8 +37,8 @@ async def chat_completions(request: Request) -> Response:
     state: ServerState = request.app.state.server
     req = parse_body(ChatCompletionRequest, await request.body())
     plan = _plan(req, state)
-    request_id, stream = submit(state, plan, "chatcmpl")
-    formatter = ChatFormatter(request_id, state.served_model_name, state.engine.tokenizer, len(plan.choices),
+    submitted = await submit(state, plan, "chatcmpl")
+    formatter = ChatFormatter(submitted.request_id, state.served_model_name, state.engine.tokenizer, len(plan.choices),
                               wants_records=req.logprobs is True, include_usage=plan.include_usage,
                               prompt_ids=plan.prompts[0], num_prompt_logprobs=req.prompt_logprobs)
-    return await reply(request, stream, state.config.request_timeout_s, bool(req.stream), formatter)
+    return await reply(request, submitted, state.config.request_timeout_s, bool(req.stream), formatter)

@@ -62,9 +62,9 @@ async def completions(request: Request) -> Response:
     state: ServerState = request.app.state.server
     req = parse_body(CompletionRequest, await request.body())
     plan = _plan(req, state)
-    request_id, stream = submit(state, plan, "cmpl")
+    submitted = await submit(state, plan, "cmpl")
     shape = CompletionsShape(num_logprobs=req.logprobs, echo=bool(req.echo),
                              num_prompt_logprobs=req.prompt_logprobs, include_usage=plan.include_usage)
-    formatter = CompletionsFormatter(request_id, state.served_model_name, state.engine.tokenizer, plan.prompts,
-                                     len(plan.choices) // len(plan.prompts), shape)
-    return await reply(request, stream, state.config.request_timeout_s, bool(req.stream), formatter)
+    formatter = CompletionsFormatter(submitted.request_id, state.served_model_name, state.engine.tokenizer,
+                                     plan.prompts, len(plan.choices) // len(plan.prompts), shape)
+    return await reply(request, submitted, state.config.request_timeout_s, bool(req.stream), formatter)

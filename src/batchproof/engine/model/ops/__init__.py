@@ -15,4 +15,4 @@ def choose_ops(device: torch.device, dtype: torch.dtype, is_batch_invariant: boo
     torch padded to a fixed row count. Not invariant: plain torch, rows as they come."""
     if is_batch_invariant and kernels.available() and device.type == "cpu" and dtype == torch.float32:
         return KernelOps(num_threads)
-    return TorchOps(padded=is_batch_invariant)
+    return TorchOps(padded=is_batch_invariant, device=device)

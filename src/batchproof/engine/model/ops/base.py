@@ -34,6 +34,9 @@ class RopeTables:
 
 class Ops(Protocol):
     decode_path: str  # in words, for /v1/server_info
+    # What determines the bits besides the model, weights mode and dtype: two servers whose
+    # numerics match must answer identically (hashed into /v1/server_info's numerics_id).
+    numerics: str
     batches_prefill: bool  # several prompts may share a prefill call without changing a bit
     # A position's keys, values and hidden state are the same bits however the prompt was
     # cut into chunks and whichever path (prefill or decode) computed them, so they may be

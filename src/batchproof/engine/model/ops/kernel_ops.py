@@ -26,6 +26,8 @@ class KernelOps:
         self._fused: kernels.DecodeLayers | None = None
         self._fused_key: tuple[int, int] | None = None
         self.decode_path = f"{kernels.kernel_name()} kernels, one fixed-order sum per output (batch-invariant)"
+        # Every instruction-set path gives the same bits, so the ISA is not part of it.
+        self.numerics = f"batchproof kernels {kernels.numerics_version()}"
 
     def decode_rows(self, num_seqs: int, max_batch: int) -> int:
         return num_seqs

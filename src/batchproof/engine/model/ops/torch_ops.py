@@ -54,12 +54,17 @@ def qkv_heads(qkv: torch.Tensor, layout: HeadLayout, positions: torch.Tensor, ro
 
 
 class TorchOps:
-    def __init__(self, padded: bool) -> None:
+    def __init__(self, padded: bool, device: torch.device | None = None) -> None:
         self.padded = padded
         self.batches_prefill = not padded  # a BLAS may block a row differently in company
         self.reuses_prefixes = False  # a BLAS blocks a row by the chunk's row count
         self.decode_path = ("torch, every step padded to max_batch rows (batch-invariant)" if padded
                             else "torch, rows as they come (not batch-invariant)")
+        # A BLAS picks its blocking by the library build and the processor, so only the same
+        # torch on the same kind of device promises the same bits.
+        where = (torch.cuda.get_device_name(device) if device is not None and device.type == "cuda"
+                 else f"cpu {torch.backends.cpu.get_cpu_capability()}")
+        self.numerics = f"torch {torch.__version__} on {where}, {self.decode_path}"
 
     def decode_rows(self, num_seqs: int, max_batch: int) -> int:
         return max_batch if self.padded else num_seqs

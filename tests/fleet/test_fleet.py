@@ -1,0 +1,141 @@
+"""`batchproof fleet` with 2 replicas of 1 thread on a local Ray instance: the same answers as
+`batchproof serve`, bit for bit, from either replica; who served each reply; and what a
+replica's death or a client's hang-up does."""
+
+import os
+import signal
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+
+from tests.helpers.fleet import running_fleet
+from tests.helpers.http import chat_body, parse_sse, wait_until
+
+pytest.importorskip("ray.serve")
+
+HEADER = "x-batchproof-replica"
+PROMPT = "Name three rivers of Europe."
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    with running_fleet(tmp_path_factory.mktemp("fleet") / "fleet.log") as running:
+        yield running
+
+
+def _client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=120)
+
+
+def _answer(url: str, stream: bool, max_tokens: int = 12) -> tuple[str, list[tuple]]:
+    """(the replica header, every token with its logprob and top-2 alternatives) of one greedy chat reply."""
+    client = _client(url)
+    raw = client.chat.completions.with_raw_response.create(
+        model=client.models.list().data[0].id, messages=[{"role": "user", "content": PROMPT}], max_tokens=max_tokens,
+        temperature=0, logprobs=True, top_logprobs=2, stream=stream)
+    reply = raw.parse()
+    if stream:
+        entries = [e for chunk in reply for choice in chunk.choices if choice.logprobs
+                   for e in choice.logprobs.content]
+    else:
+        entries = reply.choices[0].logprobs.content
+    return raw.headers.get(HEADER), [(e.token, e.logprob, [(t.token, t.logprob) for t in e.top_logprobs])
+                                     for e in entries]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_every_replica_answers_bitwise_as_the_single_server(fleet, server, stream: bool) -> None:
+    _, expected = _answer(server.url, stream)
+    assert len(expected) == 12
+    with ThreadPoolExecutor(8) as pool:  # at once, so each replica also batches them
+        answers = list(pool.map(lambda _: _answer(fleet.url, stream), range(8)))
+    served = {replica for replica, _ in answers}
+    assert served == {r["id"] for r in fleet.alive_replicas()} and len(served) == 2, "both replicas get traffic"
+    for replica, entries in answers:
+        assert entries == expected, f"replica {replica} differs from batchproof serve"
+
+
+def test_completions_and_prompt_scoring_match(fleet, server) -> None:
+    body = {"prompt": "The capital of France is", "max_tokens": 6, "logprobs": 3, "echo": True, "temperature": 0}
+    expected = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60).json()["choices"][0]["logprobs"]
+    seen = set()
+    for _ in range(6):
+        reply = httpx.post(f"{fleet.url}/v1/completions", json=body, timeout=60)
+        assert reply.status_code == 200
+        seen.add(reply.headers[HEADER])
+        assert reply.json()["choices"][0]["logprobs"] == expected
+    assert seen  # Ray's router may keep a serial client on one replica; the parallel test covers both
+
+
+def test_errors_are_the_single_servers(fleet, server) -> None:
+    for path, body in [("/v1/chat/completions", chat_body("hi", max_tokens=0)),
+                       ("/v1/chat/completions", {"messages": []}),
+                       ("/v1/completions", {"prompt": [10**9], "max_tokens": 1}),
+                       ("/v1/chat/completions", chat_body("hi", model="nope"))]:
+        ours, theirs = (httpx.post(f"{url}{path}", json=body, timeout=30) for url in (fleet.url, server.url))
+        assert (ours.status_code, ours.json()) == (theirs.status_code, theirs.json())
+
+
+def test_info_health_and_metrics(fleet, server) -> None:
+    info = fleet.info()
+    replicas = info["fleet"]["replicas"]
+    assert [r["alive"] for r in replicas] == [True, True] and info["fleet"]["numerics_agree"]
+    single = httpx.get(f"{server.url}/v1/server_info").json()
+    # the same model, weights, dtype, arithmetic and source: the same numerics, so the same bits
+    assert {r["numerics_id"] for r in replicas} == {info["numerics_id"]} == {single["numerics_id"]}
+    assert all(r["decode_path"] == single["decode_path"] for r in replicas)
+    assert httpx.get(f"{fleet.url}/health").status_code == 200
+    metrics = httpx.get(f"{fleet.url}/metrics").text
+    for replica in replicas:
+        assert f'batchproof_batch_size_count{{replica="{replica["id"]}"}}' in metrics
+
+
+def _running(fleet) -> int:
+    return sum(r["num_running"] for r in fleet.alive_replicas())
+
+
+def test_a_client_that_hangs_up_frees_its_slot(fleet) -> None:
+    body = chat_body("Count to a thousand.", max_tokens=400, ignore_eos=True, stream=True)
+    with httpx.stream("POST", f"{fleet.url}/v1/chat/completions", json=body, timeout=60) as reply:
+        lines = reply.iter_lines()
+        for _ in range(6):
+            next(lines)
+        assert wait_until(lambda: _running(fleet) == 1, timeout=10)
+    assert wait_until(lambda: _running(fleet) == 0, timeout=15), "the replica still decodes for a gone client"
+
+
+def test_a_killed_replica_ends_its_requests_cleanly_and_the_fleet_recovers(fleet) -> None:
+    """Runs last: it kills a replica. Its streamed request ends with an error event, its
+    unstreamed ones with a 503; the other replica's are untouched; Ray brings up a new one."""
+    long = chat_body("Tell me a long story.", max_tokens=300, ignore_eos=True)
+    with ThreadPoolExecutor(4) as pool, \
+            httpx.stream("POST", f"{fleet.url}/v1/chat/completions", json={**long, "stream": True},
+                         timeout=120) as streamed:
+        victim = streamed.headers[HEADER]
+        pid = next(r["pid"] for r in fleet.alive_replicas() if r["id"] == victim)
+        whole = [pool.submit(httpx.post, f"{fleet.url}/v1/chat/completions", json=long, timeout=120)
+                 for _ in range(3)]
+        raw, killed = "", threading.Event()
+        for line in streamed.iter_lines():
+            raw += line + "\n"
+            if raw.count("data:") == 5 and not killed.is_set():
+                os.kill(pid, signal.SIGKILL)
+                killed.set()
+        events = parse_sse(raw)
+        assert "[DONE]" not in events
+        assert isinstance(events[-1], dict) and "error" in events[-1], "an error event ends the stream"
+        assert f"replica {victim}" in events[-1]["error"]["message"]
+        for done in whole:
+            reply = done.result()
+            if reply.headers.get(HEADER) == victim or reply.status_code != 200:
+                assert reply.status_code == 503 and victim in reply.json()["error"]["message"]
+            else:
+                assert reply.json()["usage"]["completion_tokens"] == 300
+    assert httpx.get(f"{fleet.url}/health").status_code == 200, "one replica up: the fleet serves"
+    reply = httpx.post(f"{fleet.url}/v1/chat/completions", json=chat_body("hi", max_tokens=2), timeout=60)
+    assert reply.status_code == 200 and reply.headers[HEADER] != victim
+    assert wait_until(lambda: len(fleet.alive_replicas()) == 2 and victim not in
+                      {r["id"] for r in fleet.alive_replicas()}, timeout=180, interval=1), "Ray restarts it"
