@@ -345,9 +345,9 @@ def test_openai_nullable_fields_accept_null(server, field) -> None:
 def test_every_reply_names_its_engine(server) -> None:
     """The header a fleet's replies carry; one server names its one engine, streamed or not."""
     ids = set()
-    for stream in (False, True):
-        reply = httpx.post(f"{server.url}/v1/chat/completions", json=chat_body("hi", max_tokens=2, stream=stream),
-                           timeout=60)
+    for is_streamed in (False, True):
+        reply = httpx.post(f"{server.url}/v1/chat/completions",
+                           json=chat_body("hi", max_tokens=2, stream=is_streamed), timeout=60)
         assert reply.status_code == 200
         ids.add(reply.headers["x-batchproof-replica"])
     assert len(ids) == 1 and ids.pop()

@@ -43,6 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefix-cache", action="store_true",
                         help="only measure the prefix cache: two servers (on and off), TTFT of a cached system "
                              "prompt, c=16 with distinct prompts, an lm-eval multiple-choice run")
+    parser.add_argument("--fleet", action="store_true",
+                        help="`batchproof fleet` (2 replicas x 1 thread) against one server: c=16, the Ray hop, memory")
     parser.add_argument("--json", type=Path, help="also write every figure to this file")
 
 
@@ -289,6 +291,8 @@ def ratios(results: dict) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     if args.prefix_cache:
         return run_prefix_cache(args)
+    if args.fleet:
+        return run_fleet(args)
     ladder = [int(c) for c in args.concurrency.split(",") if c.strip()]
     results: dict = {"machine": {"cpus": os.cpu_count(), "host": socket.gethostname()}}
     process = None
@@ -358,4 +362,18 @@ def run_prefix_cache(args: argparse.Namespace) -> int:
     prefix_cache_bench.report(figures)
     if args.json:
         args.json.write_text(json.dumps({"prefix_cache": figures}, indent=1, default=str) + "\n")
+    return 0
+
+
+def run_fleet(args: argparse.Namespace) -> int:
+    from batchproof.commands import fleet_bench
+
+    try:
+        figures = fleet_bench.measure(args)
+    except RuntimeError as e:
+        print(f"batchproof bench: {e}", file=sys.stderr)
+        return 1
+    fleet_bench.report(figures)
+    if args.json:
+        args.json.write_text(json.dumps({"fleet": figures}, indent=1, default=str) + "\n")
     return 0
