@@ -158,7 +158,8 @@ static int isa_level(void) {
 #ifdef BP_X86
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f")) level = 2;
-    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) level = 1;
+    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+        level = 1;
 #endif
     return level < isa_cap ? level : isa_cap;
 }
@@ -175,7 +176,7 @@ tile_fn bp_pick_tile(void) {
     return tile_scalar;
 }
 
-/* 2: AVX-512, 1: AVX2+FMA, 0: portable. Results are invariant within one level. */
+/* 2: AVX-512, 1: AVX2+FMA+F16C, 0: portable. Results are invariant within one level. */
 int bp_isa_level(void) { return isa_level(); }
 
 /* y = x @ w^T (+ b), or with accumulate, y += x @ w^T (+ b): the residual add done as

@@ -14,6 +14,9 @@ typedef void (*tile_fn)(const float *, const float *, float *, int64_t, int64_t,
 /* The tile of the instruction set in use (AVX-512, AVX2 or portable C). */
 tile_fn bp_pick_tile(void);
 
+/* 2: AVX-512, 1: AVX2 + FMA + F16C, 0: portable (capped by bp_cap_isa_level in tests). */
+int bp_isa_level(void);
+
 /* sums[i * NT + j] (+ b[n + j]) into y[(m + i) * ldy + n + j], added to what is there with
  * accumulate (the residual add: one rounding per add, as torch's `y + linear(x)`). */
 static inline void bp_store_tile(const float *sums, const float *b, float *y, int64_t m, int64_t n, int mt,
