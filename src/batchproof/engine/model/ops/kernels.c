@@ -77,7 +77,9 @@ static inline float sum8(const float lane[8]) {
 
 /* sum_k a[k] * b[k] in the 8-lane layout. The tail is zero-padded as the vector code's
  * masked loads pad it: fma(0, 0, -0) is +0, so a padded lane's sign of zero depends on
- * the padding being there. */
+ * the padding being there. Cloned for CPUs with FMA (but maybe no AVX2), where fmaf is
+ * an instruction rather than a libm call: fmaf rounds once, exactly, either way. */
+__attribute__((target_clones("fma", "default")))
 static float dot8_scalar(const float *a, const float *b, int64_t K) {
     float lane[8] = {0};
     int64_t k = 0;
