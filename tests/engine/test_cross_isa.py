@@ -6,11 +6,14 @@ Each test runs the portable path (level 0) and every faster level this CPU has, 
 raw bits (`.view(torch.int32)`: -0.0 is not +0.0 here). The inputs are awkward on purpose:
 sizes that leave tails, zeros of both signs, values whose products underflow (a sum of them
 is -0.0 unless a zero-padded lane turns it into +0.0), infinities and NaN where a kernel
-defines what they do. On a CPU without AVX-512 the AVX-512 cases skip."""
+defines what they do. On a CPU without AVX-512 the AVX-512 cases skip; the fingerprint test
+still checks this machine's bits against those recorded on another."""
+
+import hashlib
 
 import pytest
 import torch
-from gguf import GGMLQuantizationType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from batchproof.engine.config import EngineConfig
 from batchproof.engine.engine import Engine
@@ -19,7 +22,7 @@ from batchproof.engine.model.ops import kernels
 from batchproof.engine.model.transformer import Segment
 from batchproof.engine.model.weights import RawTensor, quant_weight
 from batchproof.engine.sampling_params import SamplingParams
-from tests.helpers.quant_blocks import random_blocks
+from tests.helpers.quant_blocks import SCALE_OFFSETS, random_blocks
 from tests.helpers.tiny_gguf import TinySpec, write_tiny_gguf
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="the kernels are not built here")
@@ -234,3 +237,79 @@ def test_the_default_model_gives_the_same_logits_and_logprobs(level, engine):
     prompt = engine.chat_prompt_ids([{"role": "user", "content": "Name a colour."}])
     assert_same_model_numbers(level, engine, [prompt], 5)
 
+
+# --- the version names the bits --------------------------------------------------------------
+
+# The SHA-256 of fingerprint()'s bits under each numerics version. A change to any kernel's
+# arithmetic fails this test until NUMERICS_VERSION (kernels.c) is bumped and the new
+# version's digest is recorded here: replicas that report one version agree bit for bit.
+# Recorded on an AVX2 host; an AVX-512 host running this test checks itself against it.
+FINGERPRINTS = {
+    "fixed-order-w8-v1": "cf0570a65bcecd3ea10d6173218ec47c16be0c34c7141dd14830e97af3e25b62",
+}
+
+
+def hashed(n: int, seed: int) -> torch.Tensor:
+    """n 32-bit integer hashes: inputs that are the same under any torch, numpy or libm (their
+    random generators promise no stable streams), so the outputs' digest can be recorded once."""
+    i = torch.arange(n, dtype=torch.int64) + seed * 1_000_003
+    h = (i * 2654435761 + 12345) % 2**32
+    return (h ^ (h >> 15)) * 2246822519 % 2**32
+
+
+def pseudo_random(n: int, seed: int) -> torch.Tensor:
+    """n floats in [-4, 4), each a hash scaled exactly."""
+    return ((hashed(n, seed) >> 8).to(torch.float32) - 2**23) / 2**21
+
+
+def pseudo_blocks(qtype: Q, rows: int, k: int, seed: int) -> RawTensor:
+    """A [rows, k] weight of hashed blocks whose float16 scales are ordinary values (+-2^-7 to 2^-6)."""
+    if qtype in (Q.F32, Q.F16, Q.BF16):
+        values = pseudo_random(rows * k, seed)
+        values = {Q.F32: values, Q.F16: values.half(), Q.BF16: (values.view(torch.int32) >> 16).to(torch.int16)}[qtype]
+        data = values.view(rows, k).view(torch.uint8).numpy()
+    else:
+        block_elems, block_bytes = GGML_QUANT_SIZES[qtype]
+        blocks = (hashed(rows * k // block_elems * block_bytes, seed) & 0xFF).to(torch.uint8)
+        blocks = blocks.view(rows, k // block_elems, block_bytes)
+        for offset in SCALE_OFFSETS[qtype]:  # the high byte: the sign, exponent 2^-7, two mantissa bits
+            blocks[:, :, offset + 1] = (blocks[:, :, offset + 1] & 0x83) | 0x20
+        data = blocks.view(rows, -1).numpy()
+    return RawTensor(data, int(qtype), (rows, k))
+
+
+def fingerprint() -> bytes:
+    x, w = pseudo_random(5 * 131, 1).view(5, 131), pseudo_random(37 * 131, 2).view(37, 131)
+    q = pseudo_random(5 * 4 * 64, 3).view(5, 4, 64)
+    k_cache, v_cache = (pseudo_random(2 * 2 * 24 * 64, seed).view(2, 2, 24, 64) for seed in (4, 5))
+    gate_up = pseudo_random(5 * 2 * 77, 6).view(5, 154) * 4
+    logits = pseudo_random(3 * 1003, 7).view(3, 1003) * 3
+    ids = torch.tensor([3, 4, 5, 6, 7])
+    rotated = pseudo_random(5 * 2 * 64, 9).view(5, 128)
+    kernels.rope_(rotated, 2, 64, 64, torch.tensor([0, 1, 7, 3, 2]), *pseudo_random(2 * 8 * 32, 10).view(2, 8, 32),
+                  "adjacent")
+    outputs = [
+        kernels.linear(x, w, None, 2),
+        kernels.rms_norm(x, w[0], 1e-5),
+        kernels.silu_mul(gate_up),
+        kernels.gelu_tanh_mul(gate_up),
+        kernels.decode_attention(q, k_cache, v_cache, torch.tensor([0, 1, 0, 1, 1]), torch.tensor([1, 6, 17, 23, 24]),
+                                 0.125, 2),
+        kernels.prompt_attention(q, k_cache, v_cache, 1, 3, 0.125, 2, 4),
+        *kernels.top_k_logprobs(logits, 5),
+        rotated,
+    ]
+    for qtype in QUANT_TYPES:
+        weight = quant_weight(pseudo_blocks(qtype, 9, 256, seed=int(qtype)))
+        outputs.append(kernels.linear_q(pseudo_random(3 * 256, 8).view(3, 256), weight, None, 2))
+        outputs.append(kernels.dequant_rows(weight, ids))
+    return b"".join(bits(t).numpy().tobytes() for t in outputs)
+
+
+@pytest.mark.parametrize("isa", [2, 1, 0], ids=lambda level: kernels.ISA_NAMES[level])
+def test_the_numerics_version_names_these_bits(isa):
+    if kernels.isa_level() < isa:
+        pytest.skip(f"this CPU has no {kernels.ISA_NAMES[isa]}")
+    version = kernels.numerics_version()
+    assert version in FINGERPRINTS, f"record {version}'s fingerprint"
+    assert hashlib.sha256(at_level(isa, fingerprint)).hexdigest() == FINGERPRINTS[version]
