@@ -62,8 +62,8 @@ static int isa_level(void) {
 
 void bp_cap_isa_level(int cap) { isa_cap = cap; }
 
-/* 2: AVX-512 (the AVX2 code, with 32 vector registers for the matmul tile), 1: AVX2 + FMA,
- * 0: portable. Every level gives the same bits; only the speed differs. */
+/* 2: AVX-512 (the AVX2 code, with 32 vector registers for the matmul tile), 1: AVX2 + FMA
+ * + F16C, 0: portable. Every level gives the same bits; only the speed differs. */
 int bp_isa_level(void) { return isa_level(); }
 
 /* ---------------- the one fixed-order sum ---------------- */
@@ -91,8 +91,8 @@ static float dot8_scalar(const float *a, const float *b, int64_t K) {
 }
 
 #ifdef BP_X86
-/* sum8's tree: (lo + hi) halves give lane l + lane l + 4, movehl adds pairs (0, 2) and
- * (1, 3), the shuffle adds the last two. */
+/* sum8's tree: adding the halves gives lane l plus lane l + 4, movehl adds the pairs (0, 2)
+ * and (1, 3), the shuffle adds the last two. */
 __attribute__((target("avx2,fma")))
 static inline float hsum_avx2(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
