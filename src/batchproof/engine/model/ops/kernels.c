@@ -9,6 +9,17 @@
  * and the thread count only decide which register or thread does the work, never the
  * arithmetic.
  *
+ * Why the same bits on every x86 host: replicas of one server may run on machines with
+ * AVX-512, with only AVX2, or on the portable build, and must give the same logits and
+ * logprobs. So the instruction set only decides how fast an operation runs, never which
+ * operations run: every reduction has one logical layout (8 lanes, lane l fusing the
+ * terms k = l mod 8 in increasing k, a zero-padded tail, then the tree of sum8), every
+ * elementwise function one sequence of IEEE operations (fused exactly where the vector
+ * code fuses: the portable code calls fmaf there, and the build's -ffp-contract=off
+ * keeps the compiler from fusing anything else), and nothing calls libm's expf or logf,
+ * whose last bit depends on the host's libm and which of its variants the CPU selects.
+ * NUMERICS_VERSION names this arithmetic; change it whenever any kernel's bits change.
+ *
  * Why an extension module that uses no Python API: the functions are called through
  * ctypes (kernels.py), but building them as `batchproof.engine.model.ops._kernels` lets
  * setuptools compile them with the system's C compiler at `pip install` and put the
@@ -28,71 +39,109 @@
 #define BP_X86 1
 #endif
 
+#define NUMERICS_VERSION "fixed-order-w8-v1"
 
-/* ---------------- linear: y[m, n] (+)= sum_k x[m, k] * w[n, k] (+ b[n]) ---------------- */
+/* The server puts this into the identity of its numbers: replicas agree bit for bit
+ * exactly when their kernels report the same version. */
+const char *bp_numerics_version(void) { return NUMERICS_VERSION; }
 
-/* One tile: mt rows of x against nt rows of w. The body is inlined with constant mt, nt
- * for full tiles (so the accumulators stay in registers) and with variable ones for the
- * edges; either way each output's terms are added in the same order. The next tile's
- * weights are prefetched into L2 while this one computes. */
+/* ---------------- instruction set: speed only, never bits ---------------- */
+
+static int isa_cap = 2; /* lowered by tests, to run the AVX2 and portable paths here too */
+
+static int isa_level(void) {
+    int level = 0;
 #ifdef BP_X86
-static inline __attribute__((always_inline, target("avx512f")))
-void tile_avx512_body(const float *x, const float *w, float *y, int64_t K, int64_t N, const int mt, const int nt,
-                      const float *next_w) {
-    __m512 acc[MT][NT];
-    for (int i = 0; i < mt; i++)
-        for (int j = 0; j < nt; j++) acc[i][j] = _mm512_setzero_ps();
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) level = 2;
+    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+        level = 1;
+#endif
+    return level < isa_cap ? level : isa_cap;
+}
+
+void bp_cap_isa_level(int cap) { isa_cap = cap; }
+
+/* 2: AVX-512 (the AVX2 code, with 32 vector registers for the matmul tile), 1: AVX2 + FMA
+ * + F16C, 0: portable. Every level gives the same bits; only the speed differs. */
+int bp_isa_level(void) { return isa_level(); }
+
+/* ---------------- the one fixed-order sum ---------------- */
+
+/* Eight lanes into one: lane l with lane l + 4, then the pairs (0, 2) and (1, 3) of those,
+ * then the last two. hsum_avx2 is this tree in vector registers. */
+static inline float sum8(const float lane[8]) {
+    float t0 = lane[0] + lane[4], t1 = lane[1] + lane[5], t2 = lane[2] + lane[6], t3 = lane[3] + lane[7];
+    return (t0 + t2) + (t1 + t3);
+}
+
+/* sum_k a[k] * b[k] in the 8-lane layout. The tail is zero-padded as the vector code's
+ * masked loads pad it: fma(0, 0, -0) is +0, so a padded lane's sign of zero depends on
+ * the padding being there. Cloned for CPUs with FMA (but maybe no AVX2), where fmaf is
+ * an instruction rather than a libm call: fmaf rounds once, exactly, either way. */
+__attribute__((target_clones("fma", "default")))
+static float dot8_scalar(const float *a, const float *b, int64_t K) {
+    float lane[8] = {0};
     int64_t k = 0;
-    for (; k + 16 <= K; k += 16) {
-        __m512 wv[NT];
-        for (int j = 0; j < nt; j++) {
-            wv[j] = _mm512_loadu_ps(w + j * K + k);
-            _mm_prefetch((const char *)(next_w + j * K + k), _MM_HINT_T1);
-        }
-        for (int i = 0; i < mt; i++) {
-            __m512 xv = _mm512_loadu_ps(x + i * K + k);
-            for (int j = 0; j < nt; j++) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
-        }
-    }
-    if (k < K) {
-        __mmask16 mask = (__mmask16)((1u << (K - k)) - 1u);
-        __m512 wv[NT];
-        for (int j = 0; j < nt; j++) wv[j] = _mm512_maskz_loadu_ps(mask, w + j * K + k);
-        for (int i = 0; i < mt; i++) {
-            __m512 xv = _mm512_maskz_loadu_ps(mask, x + i * K + k);
-            for (int j = 0; j < nt; j++) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
-        }
-    }
-    for (int i = 0; i < mt; i++)
-        for (int j = 0; j < nt; j++) y[i * N + j] = _mm512_reduce_add_ps(acc[i][j]);
+    for (; k + 8 <= K; k += 8)
+        for (int l = 0; l < 8; l++) lane[l] = fmaf(a[k + l], b[k + l], lane[l]);
+    if (k < K)
+        for (int l = 0; l < 8; l++) lane[l] = k + l < K ? fmaf(a[k + l], b[k + l], lane[l]) : fmaf(0.0f, 0.0f, lane[l]);
+    return sum8(lane);
 }
 
-__attribute__((target("avx512f")))
-static void tile_avx512(const float *x, const float *w, float *y, int64_t K, int64_t N, int mt, int nt,
-                        const float *next_w) {
-    if (nt == NT) {
-        switch (mt) {
-        case 4: tile_avx512_body(x, w, y, K, N, 4, NT, next_w); return;
-        case 3: tile_avx512_body(x, w, y, K, N, 3, NT, next_w); return;
-        case 2: tile_avx512_body(x, w, y, K, N, 2, NT, next_w); return;
-        case 1: tile_avx512_body(x, w, y, K, N, 1, NT, next_w); return;
-        }
-    }
-    tile_avx512_body(x, w, y, K, N, mt, nt, next_w);
-}
-
+#ifdef BP_X86
+/* sum8's tree: adding the halves gives lane l plus lane l + 4, movehl adds the pairs (0, 2)
+ * and (1, 3), the shuffle adds the last two. */
 __attribute__((target("avx2,fma")))
-static float hsum_avx2(__m256 v) {
-    /* one fixed order: (lo + hi) halves, then pairs, then the last two */
+static inline float hsum_avx2(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
     return _mm_cvtss_f32(s);
 }
 
+/* Lanes k..k+7 of a row of n: all-ones where k + lane < n (the row's tail is masked). */
+__attribute__((target("avx2,fma")))
+static inline __m256i tail_mask_avx2(int64_t k, int64_t n) {
+    int left = (int)(n - k < 8 ? n - k : 8);
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* dot8_scalar in one register. */
+__attribute__((target("avx2,fma")))
+static float dot8_avx2(const float *a, const float *b, int64_t K) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k), acc);
+    if (k < K) {
+        __m256i mask = tail_mask_avx2(k, K);
+        acc = _mm256_fmadd_ps(_mm256_maskload_ps(a + k, mask), _mm256_maskload_ps(b + k, mask), acc);
+    }
+    return hsum_avx2(acc);
+}
+#endif
+
+typedef float (*dot_fn)(const float *, const float *, int64_t);
+
+static dot_fn pick_dot8(void) {
+#ifdef BP_X86
+    if (isa_level() >= 1) return dot8_avx2;
+#endif
+    return dot8_scalar;
+}
+
+
+/* ---------------- linear: y[m, n] (+)= sum_k x[m, k] * w[n, k] (+ b[n]) ---------------- */
+
+/* One tile: mt rows of x against nt rows of w, each output dot8's sum. The body is
+ * inlined with constant mt, nt for full tiles (so the accumulators stay in registers) and
+ * with variable ones for the edges; either way each output's terms are added in the same
+ * order. The next tile's weights are prefetched into L2 while this one computes. */
+#ifdef BP_X86
 static inline __attribute__((always_inline, target("avx2,fma")))
-void tile_avx2_body(const float *x, const float *w, float *y, int64_t K, int64_t N, const int mt, const int nt,
-                    const float *next_w) {
+void tile_ymm_body(const float *x, const float *w, float *y, int64_t K, int64_t N, const int mt, const int nt,
+                   const float *next_w) {
     __m256 acc[MT][NT];
     for (int i = 0; i < mt; i++)
         for (int j = 0; j < nt; j++) acc[i][j] = _mm256_setzero_ps();
@@ -109,9 +158,7 @@ void tile_avx2_body(const float *x, const float *w, float *y, int64_t K, int64_t
         }
     }
     if (k < K) {
-        int32_t lanes[8];
-        for (int l = 0; l < 8; l++) lanes[l] = (k + l < K) ? -1 : 0;
-        __m256i mask = _mm256_loadu_si256((const __m256i *)lanes);
+        __m256i mask = tail_mask_avx2(k, K);
         __m256 wv[NT];
         for (int j = 0; j < nt; j++) wv[j] = _mm256_maskload_ps(w + j * K + k, mask);
         for (int i = 0; i < mt; i++) {
@@ -128,42 +175,39 @@ static void tile_avx2(const float *x, const float *w, float *y, int64_t K, int64
                       const float *next_w) {
     if (nt == NT) {
         switch (mt) {
-        case 4: tile_avx2_body(x, w, y, K, N, 4, NT, next_w); return;
-        case 3: tile_avx2_body(x, w, y, K, N, 3, NT, next_w); return;
-        case 2: tile_avx2_body(x, w, y, K, N, 2, NT, next_w); return;
-        case 1: tile_avx2_body(x, w, y, K, N, 1, NT, next_w); return;
+        case 4: tile_ymm_body(x, w, y, K, N, 4, NT, next_w); return;
+        case 3: tile_ymm_body(x, w, y, K, N, 3, NT, next_w); return;
+        case 2: tile_ymm_body(x, w, y, K, N, 2, NT, next_w); return;
+        case 1: tile_ymm_body(x, w, y, K, N, 1, NT, next_w); return;
         }
     }
-    tile_avx2_body(x, w, y, K, N, mt, nt, next_w);
+    tile_ymm_body(x, w, y, K, N, mt, nt, next_w);
+}
+
+/* The same source compiled for AVX-512: still 8-lane (ymm) FMAs, since 16-lane
+ * accumulators would sum other terms together, but with the 32 registers of AVX512VL the
+ * 16 accumulators and their operands fit without spilling. */
+__attribute__((target("avx2,fma,avx512f,avx512vl")))
+static void tile_avx512(const float *x, const float *w, float *y, int64_t K, int64_t N, int mt, int nt,
+                        const float *next_w) {
+    if (nt == NT) {
+        switch (mt) {
+        case 4: tile_ymm_body(x, w, y, K, N, 4, NT, next_w); return;
+        case 3: tile_ymm_body(x, w, y, K, N, 3, NT, next_w); return;
+        case 2: tile_ymm_body(x, w, y, K, N, 2, NT, next_w); return;
+        case 1: tile_ymm_body(x, w, y, K, N, 1, NT, next_w); return;
+        }
+    }
+    tile_ymm_body(x, w, y, K, N, mt, nt, next_w);
 }
 #endif
 
-/* Portable path: 8 interleaved partial sums per output, combined in a fixed order
- * (built with -ffp-contract=off, so no compiler decides to fuse some of them). */
 static void tile_scalar(const float *x, const float *w, float *y, int64_t K, int64_t N, int mt, int nt,
                         const float *next_w) {
     (void)next_w;
     for (int i = 0; i < mt; i++)
-        for (int j = 0; j < nt; j++) {
-            float part[8] = {0};
-            for (int64_t k = 0; k < K; k++) part[k & 7] += x[i * K + k] * w[j * K + k];
-            y[i * N + j] = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
-        }
+        for (int j = 0; j < nt; j++) y[i * N + j] = dot8_scalar(x + i * K, w + j * K, K);
 }
-
-static int isa_cap = 2; /* lowered by tests, to run the AVX2 and portable paths here too */
-
-static int isa_level(void) {
-    int level = 0;
-#ifdef BP_X86
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f")) level = 2;
-    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) level = 1;
-#endif
-    return level < isa_cap ? level : isa_cap;
-}
-
-void bp_cap_isa_level(int cap) { isa_cap = cap; }
 
 tile_fn bp_pick_tile(void) {
 #ifdef BP_X86
@@ -174,9 +218,6 @@ tile_fn bp_pick_tile(void) {
 #endif
     return tile_scalar;
 }
-
-/* 2: AVX-512, 1: AVX2+FMA, 0: portable. Results are invariant within one level. */
-int bp_isa_level(void) { return isa_level(); }
 
 /* y = x @ w^T (+ b), or with accumulate, y += x @ w^T (+ b): the residual add done as
  * the output is written, one rounding per add as in torch's `y + linear(x)`. */
@@ -201,21 +242,19 @@ void bp_linear_f32(const float *x, const float *w, const float *b, float *y, int
 
 /* ---------------- small per-row pieces: norm and rotary embedding ---------------- */
 
-/* y[r] = x[r] * (1 / sqrt(mean(x[r]^2) + eps)) * w, the sum of squares in 8 fixed
- * interleaved partial sums. */
+/* y[r] = x[r] * (1 / sqrt(mean(x[r]^2) + eps)) * w, the sum of squares a dot8. */
 void bp_rms_norm_f32(const float *x, const float *w, float *y, int64_t rows, int64_t dim, float eps) {
+    dot_fn dot8 = pick_dot8();
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * dim;
-        float part[8] = {0};
-        for (int64_t d = 0; d < dim; d++) part[d & 7] += xr[d] * xr[d];
-        float total = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
-        float scale = 1.0f / sqrtf(total / (float)dim + eps);
+        float scale = 1.0f / sqrtf(dot8(xr, xr, dim) / (float)dim + eps);
         for (int64_t d = 0; d < dim; d++) y[r * dim + d] = (xr[d] * scale) * w[d];
     }
 }
 
 /* In place on the first `heads` heads of each row (row_stride floats apart): rotate pairs
- * by position. style 0: pairs (2i, 2i+1) as llama GGUFs store Q/K; 1: pairs (i, i + half). */
+ * by position. style 0: pairs (2i, 2i+1) as llama GGUFs store Q/K; 1: pairs (i, i + half).
+ * One C loop for every instruction set, each element's multiplies and adds unfused. */
 void bp_rope_f32(float *x, int64_t rows, int64_t row_stride, int64_t heads, int64_t head_dim, int64_t rope_dim,
                  const int64_t *positions, const float *cos_table, const float *sin_table, int style) {
     int64_t half = rope_dim / 2;
@@ -233,18 +272,31 @@ void bp_rope_f32(float *x, int64_t rows, int64_t row_stride, int64_t heads, int6
     }
 }
 
-/* silu(gate) * up for each row of [gate | up]. torch would run the tail of a range in
- * scalar code (glibc expf) and the rest in vector code (another exp), so an element's
- * bits would depend on where the row count puts the range ends; here every element goes
- * through the same code: one exp polynomial (Cephes' expf), masked at the end of a row. */
+/* ---------------- the exp every path uses: SiLU, GELU, softmax, the normaliser ---------------- */
+
+/* Cephes' expf polynomial, clamped to float's range: n = round(x log2 e), r = x - n ln 2 in
+ * two parts, e^r by the polynomial, times 2^n. Every operation rounds on its own (nothing
+ * fused), and the vector versions run the same operations lane by lane. torch would run
+ * the tail of a range in scalar code (glibc expf) and the rest in vector code (another
+ * exp), so an element's bits would depend on where the row count puts the range ends;
+ * libm's expf alone would still differ between hosts' libm builds and CPU variants. */
 #define EXP_HI 88.3762626647949f
 #define EXP_LO -88.3762626647949f
 #define LOG2E 1.44269504088896341f
 #define LN2_HI 0.693359375f
 #define LN2_LO -2.12194440e-4f
 
+/* 2^e, exactly, for a normal exponent e. */
+static inline float pow2i(int e) {
+    uint32_t bits = (uint32_t)(e + 127) << 23;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
 static float exp_poly(float x) {
-    x = x > EXP_HI ? EXP_HI : (x < EXP_LO ? EXP_LO : x);
+    x = x > EXP_LO ? x : EXP_LO; /* as max_ps then min_ps: NaN becomes EXP_LO */
+    x = x < EXP_HI ? x : EXP_HI;
     float n = nearbyintf(x * LOG2E);
     float r = (x - n * LN2_HI) - n * LN2_LO;
     float p = 1.9875691500e-4f;
@@ -254,43 +306,14 @@ static float exp_poly(float x) {
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = (p * (r * r) + r) + 1.0f;
-    return ldexpf(p, (int)n);
-}
-
-static void silu_mul_scalar(const float *g, const float *u, float *y, int64_t n) {
-    for (int64_t i = 0; i < n; i++) y[i] = (g[i] / (1.0f + exp_poly(-g[i]))) * u[i];
+    /* 2^n as two halves, so that n from -128 to 128 stays within the exponent's range;
+     * >> is arithmetic (floor), as srai is */
+    int ni = (int)n, half = ni >> 1;
+    return (p * pow2i(half)) * pow2i(ni - half);
 }
 
 #ifdef BP_X86
-__attribute__((target("avx512f")))
-static __m512 exp_poly_avx512(__m512 x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(EXP_LO)), _mm512_set1_ps(EXP_HI));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_sub_ps(_mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(LN2_HI))),
-                             _mm512_mul_ps(n, _mm512_set1_ps(LN2_LO)));
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(p, _mm512_mul_ps(r, r)), r), _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
-
-__attribute__((target("avx512f")))
-static void silu_mul_avx512(const float *g, const float *u, float *y, int64_t n) {
-    for (int64_t i = 0; i < n; i += 16) {
-        __mmask16 mask = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1u);
-        __m512 gv = _mm512_maskz_loadu_ps(mask, g + i), uv = _mm512_maskz_loadu_ps(mask, u + i);
-        __m512 e = exp_poly_avx512(_mm512_sub_ps(_mm512_setzero_ps(), gv));
-        __m512 s = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
-        _mm512_mask_storeu_ps(y + i, mask, _mm512_mul_ps(s, uv));
-    }
-}
-
-/* The same polynomial eight lanes wide (AVX2 has no scalef: 2^n as two exact halves, so
- * that n down to -128 and up to 128 stays within the exponent's range). */
+/* exp_poly, eight lanes at a time. */
 __attribute__((target("avx2,fma")))
 static __m256 exp_poly_avx2(__m256 x) {
     x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(EXP_LO)), _mm256_set1_ps(EXP_HI));
@@ -310,14 +333,16 @@ static __m256 exp_poly_avx2(__m256 x) {
     __m256 b = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(rest, bias), 23));
     return _mm256_mul_ps(_mm256_mul_ps(p, a), b);
 }
+#endif
 
-/* Lanes k..k+7 of a row of n: all-ones where k + lane < n (the row's tail is masked). */
-__attribute__((target("avx2,fma")))
-static __m256i tail_mask_avx2(int64_t k, int64_t n) {
-    int left = (int)(n - k < 8 ? n - k : 8);
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+/* ---------------- gated activations: silu(gate) * up, gelu_tanh(gate) * up ---------------- */
+
+/* silu(g) u = (g / (1 + exp(0 - g))) u, for each row of [gate | up]. */
+static void silu_mul_scalar(const float *g, const float *u, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = (g[i] / (1.0f + exp_poly(0.0f - g[i]))) * u[i];
 }
 
+#ifdef BP_X86
 __attribute__((target("avx2,fma")))
 static void silu_mul_avx2(const float *g, const float *u, float *y, int64_t n) {
     for (int64_t i = 0; i < n; i += 8) {
@@ -338,26 +363,10 @@ static void silu_mul_avx2(const float *g, const float *u, float *y, int64_t n) {
 
 static void gelu_mul_scalar(const float *g, const float *u, float *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
-        float x = g[i], inner = GELU_C * (x + GELU_A * (x * x * x));
+        float x = g[i], inner = GELU_C * (x + GELU_A * ((x * x) * x));
         y[i] = (x / (1.0f + exp_poly(-2.0f * inner))) * u[i];
     }
 }
-
-#ifdef BP_X86
-__attribute__((target("avx512f")))
-static void gelu_mul_avx512(const float *g, const float *u, float *y, int64_t n) {
-    for (int64_t i = 0; i < n; i += 16) {
-        __mmask16 mask = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1u);
-        __m512 x = _mm512_maskz_loadu_ps(mask, g + i), uv = _mm512_maskz_loadu_ps(mask, u + i);
-        __m512 cube = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
-        __m512 inner = _mm512_mul_ps(_mm512_set1_ps(GELU_C),
-                                     _mm512_add_ps(x, _mm512_mul_ps(_mm512_set1_ps(GELU_A), cube)));
-        __m512 e = exp_poly_avx512(_mm512_mul_ps(_mm512_set1_ps(-2.0f), inner));
-        __m512 s = _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
-        _mm512_mask_storeu_ps(y + i, mask, _mm512_mul_ps(s, uv));
-    }
-}
-#endif
 
 #ifdef BP_X86
 __attribute__((target("avx2,fma")))
@@ -375,82 +384,91 @@ static void gelu_mul_avx2(const float *g, const float *u, float *y, int64_t n) {
 }
 #endif
 
-void bp_gelu_tanh_mul_f32(const float *gate_up, float *y, int64_t rows, int64_t ffn) {
-    void (*row_fn)(const float *, const float *, float *, int64_t) = gelu_mul_scalar;
-#ifdef BP_X86
-    if (isa_level() == 2) row_fn = gelu_mul_avx512;
-    else if (isa_level() == 1) row_fn = gelu_mul_avx2;
-#endif
+typedef void (*gated_fn)(const float *, const float *, float *, int64_t);
+
+static void gated_rows(gated_fn row_fn, const float *gate_up, float *y, int64_t rows, int64_t ffn) {
     for (int64_t r = 0; r < rows; r++) row_fn(gate_up + r * 2 * ffn, gate_up + r * 2 * ffn + ffn, y + r * ffn, ffn);
 }
 
 void bp_silu_mul_f32(const float *gate_up, float *y, int64_t rows, int64_t ffn) {
-    void (*row_fn)(const float *, const float *, float *, int64_t) = silu_mul_scalar;
+    gated_fn row_fn = silu_mul_scalar;
 #ifdef BP_X86
-    if (isa_level() == 2) row_fn = silu_mul_avx512;
-    else if (isa_level() == 1) row_fn = silu_mul_avx2;
+    if (isa_level() >= 1) row_fn = silu_mul_avx2;
 #endif
-    for (int64_t r = 0; r < rows; r++) row_fn(gate_up + r * 2 * ffn, gate_up + r * 2 * ffn + ffn, y + r * ffn, ffn);
+    gated_rows(row_fn, gate_up, y, rows, ffn);
+}
+
+void bp_gelu_tanh_mul_f32(const float *gate_up, float *y, int64_t rows, int64_t ffn) {
+    gated_fn row_fn = gelu_mul_scalar;
+#ifdef BP_X86
+    if (isa_level() >= 1) row_fn = gelu_mul_avx2;
+#endif
+    gated_rows(row_fn, gate_up, y, rows, ffn);
 }
 
 /* ---------------- logprobs: each row's normaliser and top k, in one pass ---------------- */
+
+/* sum_i exp(x[i] - shift) over the entries above -inf (NaN and -inf add nothing), in the
+ * 8-lane layout (lane i mod 8, then sum8's tree). The vector code adds +0.0 for the
+ * entries left out and for its padded tail; the sums are never -0 (every term is >= +0),
+ * so those adds change no bit and the portable loop can skip them. */
+static float row_exp_sum_scalar(const float *x, int64_t V, float shift) {
+    float lane[8] = {0};
+    for (int64_t i = 0; i < V; i++)
+        if (x[i] > -INFINITY) lane[i & 7] += exp_poly(x[i] - shift);
+    return sum8(lane);
+}
+
+#ifdef BP_X86
+__attribute__((target("avx2,fma")))
+static float row_exp_sum_avx2(const float *x, int64_t V, float shift) {
+    __m256 acc = _mm256_setzero_ps(), s = _mm256_set1_ps(shift), ninf = _mm256_set1_ps(-INFINITY);
+    for (int64_t i = 0; i < V; i += 8) {
+        __m256i mask = tail_mask_avx2(i, V);
+        __m256 v = _mm256_blendv_ps(ninf, _mm256_maskload_ps(x + i, mask), _mm256_castsi256_ps(mask));
+        __m256 live = _mm256_cmp_ps(v, ninf, _CMP_GT_OQ);
+        __m256 e = exp_poly_avx2(_mm256_sub_ps(v, s));
+        acc = _mm256_add_ps(acc, _mm256_and_ps(live, e));
+    }
+    return hsum_avx2(acc);
+}
+#endif
+
+/* The row's total mass: a row holding +inf has all of it on its +inf entries, one each. */
+static float row_exp_sum(const float *x, int64_t V, float shift, int has_inf) {
+    if (has_inf) {
+        int64_t n = 0;
+        for (int64_t i = 0; i < V; i++) n += x[i] == INFINITY;
+        return (float)n;
+    }
+#ifdef BP_X86
+    if (isa_level() >= 1) return row_exp_sum_avx2(x, V, shift);
+#endif
+    return row_exp_sum_scalar(x, V, shift);
+}
+
+/* log(x) of a total x >= 0 from IEEE double operations alone, not libm's logf, whose last
+ * bit depends on the host's libm and the variant it picks for the CPU: x = m 2^e with m in
+ * [sqrt(1/2), sqrt(2)), log m = 2 atanh(s) with s = (m - 1) / (m + 1), |s| < 0.172, whose
+ * series to s^23 / 23 is exact to double's rounding; then one rounding to float. */
+static float log_fixed(float x) {
+    if (x == 0.0f) return -INFINITY;
+    int e;
+    double m = frexp((double)x, &e); /* exact: m in [0.5, 1) */
+    if (m < 0.70710678118654752440) {
+        m *= 2.0;
+        e -= 1;
+    }
+    double s = (m - 1.0) / (m + 1.0), s2 = s * s, series = 1.0 / 23.0;
+    for (int k = 21; k >= 1; k -= 2) series = series * s2 + 1.0 / (double)k;
+    return (float)((2.0 * s) * series + (double)e * 0.69314718055994530942);
+}
 
 /* Per row of [B, V] logits: the best k ids (NaN never ranked; ties to the lower id, since
  * ids are visited in order and only a strictly better value displaces a kept one), and
  * (max, log_total) with logprob = (term - shift) - log_total, shift the max (0 if it is
  * not finite), term the logit, or for a row holding +inf: 0 for its +inf entries and
- * -inf for the rest. The sum of
- * exp(term - shift) runs in one fixed order per row (16 lanes, one fixed reduction). */
-static double row_exp_sum(const float *x, int64_t V, float shift, int has_inf);
-
-#ifdef BP_X86
-__attribute__((target("avx512f")))
-static double row_exp_sum_avx512(const float *x, int64_t V, float shift) {
-    __m512 acc = _mm512_setzero_ps(), s = _mm512_set1_ps(shift), ninf = _mm512_set1_ps(-INFINITY);
-    for (int64_t i = 0; i < V; i += 16) {
-        __mmask16 mask = V - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (V - i)) - 1u);
-        __m512 v = _mm512_mask_loadu_ps(ninf, mask, x + i);
-        /* NaN and -inf add nothing */
-        __mmask16 live = _mm512_cmp_ps_mask(v, ninf, _CMP_GT_OQ) & mask;
-        __m512 e = exp_poly_avx512(_mm512_sub_ps(v, s));
-        acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(live, e));
-    }
-    return (double)_mm512_reduce_add_ps(acc);
-}
-#endif
-
-#ifdef BP_X86
-__attribute__((target("avx2,fma")))
-static double row_exp_sum_avx2(const float *x, int64_t V, float shift) {
-    __m256 acc = _mm256_setzero_ps(), s = _mm256_set1_ps(shift), ninf = _mm256_set1_ps(-INFINITY);
-    for (int64_t i = 0; i < V; i += 8) {
-        __m256i mask = tail_mask_avx2(i, V);
-        __m256 v = _mm256_blendv_ps(ninf, _mm256_maskload_ps(x + i, mask), _mm256_castsi256_ps(mask));
-        /* NaN and -inf add nothing */
-        __m256 live = _mm256_cmp_ps(v, ninf, _CMP_GT_OQ);
-        __m256 e = exp_poly_avx2(_mm256_sub_ps(v, s));
-        acc = _mm256_add_ps(acc, _mm256_and_ps(live, e));
-    }
-    return (double)hsum_avx2(acc);
-}
-#endif
-
-static double row_exp_sum(const float *x, int64_t V, float shift, int has_inf) {
-    if (has_inf) {  /* only the +inf entries carry mass, one each */
-        double n = 0;
-        for (int64_t i = 0; i < V; i++) n += x[i] == INFINITY;
-        return n;
-    }
-#ifdef BP_X86
-    if (isa_level() == 2) return row_exp_sum_avx512(x, V, shift);
-    if (isa_level() == 1) return row_exp_sum_avx2(x, V, shift);
-#endif
-    float part[8] = {0};
-    for (int64_t i = 0; i < V; i++)
-        if (x[i] > -INFINITY) part[i & 7] += exp_poly(x[i] - shift);
-    return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
-}
-
+ * -inf for the rest. */
 void bp_top_k_logprobs_f32(const float *logits, int64_t B, int64_t V, int64_t k, int64_t *ids, float *values,
                            float *row_max, float *log_total, int64_t *counts) {
     for (int64_t b = 0; b < B; b++) {
@@ -482,96 +500,59 @@ void bp_top_k_logprobs_f32(const float *logits, int64_t B, int64_t V, int64_t k,
         int has_inf = best == INFINITY;
         float row_shift = has_inf || !(best > -INFINITY) ? 0.0f : best;
         row_max[b] = best;
-        log_total[b] = finite_or_inf ? logf((float)row_exp_sum(x, V, row_shift, has_inf)) : -INFINITY;
+        log_total[b] = finite_or_inf ? log_fixed(row_exp_sum(x, V, row_shift, has_inf)) : -INFINITY;
     }
 }
 
 /* ---------------- decode attention, one sequence at a time ---------------- */
 
-/* One query head against its sequence's L keys: softmax(q.k * scale) @ v, every sum in
- * position order. scores has room for L floats. */
+/* Softmax in three steps that every path shares: the largest score, each score's exp
+ * less it (exp_poly, lane by lane), and 1 / their total, summed in key order. */
+static float max_score(const float *s, int64_t L) {
+    float top = -INFINITY;
+    for (int64_t j = 0; j < L; j++)
+        if (s[j] > top) top = s[j];
+    return top;
+}
+
+static void exp_shifted_scalar(float *s, int64_t L, float shift) {
+    for (int64_t j = 0; j < L; j++) s[j] = exp_poly(s[j] - shift);
+}
+
+static float inverse_total(const float *s, int64_t L) {
+    float total = 0.0f;
+    for (int64_t j = 0; j < L; j++) total += s[j];
+    return 1.0f / total;
+}
+
+/* One query head against its sequence's L keys: softmax(q.k * scale) @ v. A key's score
+ * is a dot8 over D; an output lane is one fused accumulator over the keys in position
+ * order. scores has room for L floats. */
 static void attend_scalar(const float *q, const float *keys, const float *values, float *o, float *scores,
                           int64_t L, int64_t D, float scale) {
-    float max_score = -INFINITY;
-    for (int64_t j = 0; j < L; j++) {
-        float part[8] = {0};
-        for (int64_t d = 0; d < D; d++) part[d & 7] += q[d] * keys[j * D + d];
-        scores[j] = (((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]))) * scale;
-        if (scores[j] > max_score) max_score = scores[j];
-    }
-    float total = 0.0f;
-    for (int64_t j = 0; j < L; j++) {
-        scores[j] = expf(scores[j] - max_score);
-        total += scores[j];
-    }
+    for (int64_t j = 0; j < L; j++) scores[j] = dot8_scalar(q, keys + j * D, D) * scale;
+    exp_shifted_scalar(scores, L, max_score(scores, L));
+    float inv = inverse_total(scores, L);
     for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
     for (int64_t j = 0; j < L; j++)
-        for (int64_t d = 0; d < D; d++) o[d] += scores[j] * values[j * D + d];
-    float inv = 1.0f / total;
+        for (int64_t d = 0; d < D; d++) o[d] = fmaf(scores[j], values[j * D + d], o[d]);
     for (int64_t d = 0; d < D; d++) o[d] *= inv;
 }
 
-/* The vector versions below keep attend_scalar's structure but not its lanes: each key's
- * score is one vector accumulator over D, then one horizontal sum; each output lane is one
- * accumulator over the keys in position order. Four keys' scores, and several lanes of
- * the output, are in flight at once only to hide FMA latency: they are independent
- * chains, so the bits of every element are those of the one-at-a-time loop. */
+/* The vector version below keeps attend_scalar's arithmetic. Four keys' scores, and
+ * several lanes of the output, are in flight at once only to hide FMA latency: they are
+ * independent chains, so the bits of every element are those of the one-at-a-time loop. */
 #ifdef BP_X86
-__attribute__((target("avx512f")))
-static void attend_avx512(const float *q, const float *keys, const float *values, float *o, float *scores,
-                          int64_t L, int64_t D, float scale) {
-    if (D % 64 != 0) {
-        attend_scalar(q, keys, values, o, scores, L, D, scale);
-        return;
-    }
-    float max_score = -INFINITY;
-    int64_t j = 0;
-    for (; j + 4 <= L; j += 4) {
-        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
-        const float *k0 = keys + j * D;
-        for (int64_t d = 0; d < D; d += 16) {
-            __m512 qv = _mm512_loadu_ps(q + d);
-            a0 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k0 + d), a0);
-            a1 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k0 + D + d), a1);
-            a2 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k0 + 2 * D + d), a2);
-            a3 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k0 + 3 * D + d), a3);
-        }
-        scores[j] = _mm512_reduce_add_ps(a0) * scale;
-        scores[j + 1] = _mm512_reduce_add_ps(a1) * scale;
-        scores[j + 2] = _mm512_reduce_add_ps(a2) * scale;
-        scores[j + 3] = _mm512_reduce_add_ps(a3) * scale;
-    }
-    for (; j < L; j++) {
-        __m512 acc = _mm512_setzero_ps();
-        for (int64_t d = 0; d < D; d += 16)
-            acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), _mm512_loadu_ps(keys + j * D + d), acc);
-        scores[j] = _mm512_reduce_add_ps(acc) * scale;
-    }
-    for (j = 0; j < L; j++)
-        if (scores[j] > max_score) max_score = scores[j];
-    float total = 0.0f;
-    for (j = 0; j < L; j++) {
-        scores[j] = expf(scores[j] - max_score);
-        total += scores[j];
-    }
-    __m512 inv = _mm512_set1_ps(1.0f / total);
-    for (int64_t d = 0; d < D; d += 64) {  /* four lanes' accumulators at a time */
-        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
-        for (j = 0; j < L; j++) {
-            __m512 p = _mm512_set1_ps(scores[j]);
-            const float *vr = values + j * D + d;
-            a0 = _mm512_fmadd_ps(p, _mm512_loadu_ps(vr), a0);
-            a1 = _mm512_fmadd_ps(p, _mm512_loadu_ps(vr + 16), a1);
-            a2 = _mm512_fmadd_ps(p, _mm512_loadu_ps(vr + 32), a2);
-            a3 = _mm512_fmadd_ps(p, _mm512_loadu_ps(vr + 48), a3);
-        }
-        _mm512_storeu_ps(o + d, _mm512_mul_ps(a0, inv));
-        _mm512_storeu_ps(o + d + 16, _mm512_mul_ps(a1, inv));
-        _mm512_storeu_ps(o + d + 32, _mm512_mul_ps(a2, inv));
-        _mm512_storeu_ps(o + d + 48, _mm512_mul_ps(a3, inv));
+__attribute__((target("avx2,fma")))
+static void exp_shifted_avx2(float *s, int64_t L, float shift) {
+    for (int64_t j = 0; j < L; j += 8) {
+        __m256i mask = tail_mask_avx2(j, L);
+        __m256 v = _mm256_sub_ps(_mm256_maskload_ps(s + j, mask), _mm256_set1_ps(shift));
+        _mm256_maskstore_ps(s + j, mask, exp_poly_avx2(v));
     }
 }
 
+/* Needs D % 64 == 0 (every head size here); attend_scalar, with the same bits, takes the rest. */
 __attribute__((target("avx2,fma")))
 static void attend_avx2(const float *q, const float *keys, const float *values, float *o, float *scores,
                         int64_t L, int64_t D, float scale) {
@@ -579,7 +560,6 @@ static void attend_avx2(const float *q, const float *keys, const float *values, 
         attend_scalar(q, keys, values, o, scores, L, D, scale);
         return;
     }
-    float max_score = -INFINITY;
     int64_t j = 0;
     for (; j + 4 <= L; j += 4) {
         __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
@@ -596,20 +576,9 @@ static void attend_avx2(const float *q, const float *keys, const float *values, 
         scores[j + 2] = hsum_avx2(a2) * scale;
         scores[j + 3] = hsum_avx2(a3) * scale;
     }
-    for (; j < L; j++) {
-        __m256 acc = _mm256_setzero_ps();
-        for (int64_t d = 0; d < D; d += 8)
-            acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(keys + j * D + d), acc);
-        scores[j] = hsum_avx2(acc) * scale;
-    }
-    for (j = 0; j < L; j++)
-        if (scores[j] > max_score) max_score = scores[j];
-    float total = 0.0f;
-    for (j = 0; j < L; j++) {
-        scores[j] = expf(scores[j] - max_score);
-        total += scores[j];
-    }
-    __m256 inv = _mm256_set1_ps(1.0f / total);
+    for (; j < L; j++) scores[j] = dot8_avx2(q, keys + j * D, D) * scale;
+    exp_shifted_avx2(scores, L, max_score(scores, L));
+    __m256 inv = _mm256_set1_ps(inverse_total(scores, L));
     for (int64_t d = 0; d < D; d += 64) {  /* eight lanes' accumulators at a time */
         __m256 a[8];
         for (int c = 0; c < 8; c++) a[c] = _mm256_setzero_ps();
@@ -637,10 +606,7 @@ void bp_decode_attention_f32(const float *q, const float *k_cache, const float *
                              int64_t D, int64_t max_len, int64_t window, float scale, int num_threads) {
     attend_fn attend = attend_scalar;
 #ifdef BP_X86
-    switch (isa_level()) {
-    case 2: attend = attend_avx512; break;
-    case 1: attend = attend_avx2; break;
-    }
+    if (isa_level() >= 1) attend = attend_avx2;
 #endif
     int64_t group = H / KVH;
 #pragma omp parallel for schedule(static) num_threads(num_threads)
@@ -679,23 +645,12 @@ static void attend_rows_avx2(const float *q, int64_t q_stride, const float *keys
         for (int r = 0; r < R; r++) scores[r * S + j] = hsum_avx2(acc[r]) * scale;
     }
     for (int r = 1; r < R; r++)  /* the later rows' own last keys */
-        for (j = L0; j < L0 + r; j++) {
-            __m256 acc = _mm256_setzero_ps();
-            for (int64_t d = 0; d < D; d += 8)
-                acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + r * q_stride + d), _mm256_loadu_ps(keys + j * D + d), acc);
-            scores[r * S + j] = hsum_avx2(acc) * scale;
-        }
+        for (j = L0; j < L0 + r; j++) scores[r * S + j] = dot8_avx2(q + r * q_stride, keys + j * D, D) * scale;
     float inv[PROMPT_ROWS];
     for (int r = 0; r < R; r++) {
-        float *sr = scores + r * S, max_score = -INFINITY, total = 0.0f;
-        int64_t L = L0 + r;
-        for (j = 0; j < L; j++)
-            if (sr[j] > max_score) max_score = sr[j];
-        for (j = 0; j < L; j++) {
-            sr[j] = expf(sr[j] - max_score);
-            total += sr[j];
-        }
-        inv[r] = 1.0f / total;
+        float *sr = scores + r * S;
+        exp_shifted_avx2(sr, L0 + r, max_score(sr, L0 + r));
+        inv[r] = inverse_total(sr, L0 + r);
     }
     for (int64_t d = 0; d < D; d += 16) {
         __m256 a0[PROMPT_ROWS], a1[PROMPT_ROWS];
@@ -731,9 +686,9 @@ void bp_prompt_attention_f32(const float *q, const float *k_cache, const float *
     attend_fn attend = attend_scalar;
     int rows_at_once = 0;
 #ifdef BP_X86
-    switch (isa_level()) {
-    case 2: attend = attend_avx512; break;
-    case 1: attend = attend_avx2; rows_at_once = D % 64 == 0; break;
+    if (isa_level() >= 1) {
+        attend = attend_avx2;
+        rows_at_once = D % 64 == 0;
     }
 #endif
     int64_t group = H / KVH, blocks = (n + PROMPT_ROWS - 1) / PROMPT_ROWS;

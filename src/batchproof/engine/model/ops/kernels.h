@@ -11,8 +11,12 @@
 
 typedef void (*tile_fn)(const float *, const float *, float *, int64_t, int64_t, int, int, const float *);
 
-/* The tile of the instruction set in use (AVX-512, AVX2 or portable C). */
+/* The tile of the instruction set in use (AVX-512, AVX2 or portable C): each adds the
+ * same terms in the same order, so all give the same bits. */
 tile_fn bp_pick_tile(void);
+
+/* 2: AVX-512, 1: AVX2 + FMA + F16C, 0: portable (capped by bp_cap_isa_level in tests). */
+int bp_isa_level(void);
 
 /* sums[i * NT + j] (+ b[n + j]) into y[(m + i) * ldy + n + j], added to what is there with
  * accumulate (the residual add: one rounding per add, as torch's `y + linear(x)`). */

@@ -46,6 +46,7 @@ def _library() -> ctypes.CDLL | None:
     lib.bp_isa_level.restype = ctypes.c_int
     lib.bp_cap_isa_level.argtypes = [ctypes.c_int]
     lib.bp_cap_isa_level.restype = None
+    lib.bp_numerics_version.restype = ctypes.c_char_p
     return lib
 
 
@@ -63,8 +64,14 @@ def kernel_name() -> str | None:
 
 
 def isa_level() -> int:
-    """2: AVX-512, 1: AVX2 + FMA, 0: portable C."""
+    """2: AVX-512, 1: AVX2 + FMA, 0: portable C; only the speed differs, never the bits."""
     return _library().bp_isa_level()
+
+
+def numerics_version() -> str:
+    """The name of the kernels' arithmetic: two builds with the same version give the same
+    bits on any x86 host, whichever instruction set each uses."""
+    return _library().bp_numerics_version().decode()
 
 
 def cap_isa_level(cap: int) -> None:

@@ -7,7 +7,8 @@
  * file is built with -ffp-contract=off), so every weight is the same float32 that the
  * float32 path holds. Those weights then go through the float32 kernel's own tile
  * (kernels.c), which adds each output's terms in one fixed order. A quantized matmul
- * therefore gives bitwise the float32 path's result, at any row count.
+ * therefore gives bitwise the float32 path's result, at any row count, and on any host:
+ * a dequantized weight is the same float whichever path (AVX2 or portable) unpacked it.
  *
  * Speed: a thread dequantizes NT weight rows into a small buffer that stays in L1/L2 and
  * runs every row tile of x against it, so a decode step reads each quantized byte once
@@ -146,11 +147,6 @@ static void dequant_q5_avx2(const uint8_t *src, int64_t num_blocks, int has_min,
             }
     }
 }
-
-static int has_avx2(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
-}
 #endif
 
 /* 32 unpacked quants of a Q4_x / Q5_x block -> weights: d * q + m with a min (Q4_1, Q5_1),
@@ -186,7 +182,7 @@ static void dequant_row(const uint8_t *restrict src, int type, int64_t K, float 
     case T_Q4_0:
     case T_Q4_1: {
 #if defined(__x86_64__) || defined(_M_X64)
-        if (has_avx2()) {
+        if (bp_isa_level() >= 1) {
             dequant_q4_avx2(src, K / 32, type == T_Q4_1, dst);
             return;
         }
@@ -209,7 +205,7 @@ static void dequant_row(const uint8_t *restrict src, int type, int64_t K, float 
     case T_Q5_0:
     case T_Q5_1: {
 #if defined(__x86_64__) || defined(_M_X64)
-        if (has_avx2()) {
+        if (bp_isa_level() >= 1) {
             dequant_q5_avx2(src, K / 32, type == T_Q5_1, dst);
             return;
         }
