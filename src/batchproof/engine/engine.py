@@ -89,7 +89,7 @@ class Engine:
         if not self.config.prefix_cache or not self.model.ops.reuses_prefixes:
             return None
         # The key's seed names everything that shapes the bits: model file, weights, kernels.
-        identity = f"{self.model_sha256}|{self.weights}|{self.config.dtype}|{self.model.ops.decode_path}"
+        identity = f"{self.model_sha256}|{self.weights}|{self.config.dtype}|{self.model.ops.numerics}"
         return PrefixCache(PREFIX_BLOCK_TOKENS, self.config.prefix_cache_mb * 2**20, identity)
 
     # --- requests --------------------------------------------------------------------

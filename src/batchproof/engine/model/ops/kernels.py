@@ -54,10 +54,6 @@ def available() -> bool:
     return _library() is not None
 
 
-def numerics_version() -> str:
-    return "fixed-order-w8-v1"
-
-
 def kernel_name() -> str | None:
     lib = _library()
     return None if lib is None else f"batchproof-{ISA_NAMES[lib.bp_isa_level()]}"
