@@ -12,7 +12,7 @@ from batchproof.probe.verdict import Result, agreement, intern
 
 # Alone requests per replica the fleet's m=1 phase may spend finding every replica twice:
 # a router that picks at random reaches each of 2 replicas twice within 16 requests in all
-# but 1 run in 2,000.
+# but about 1 run in 1,900 (2 * 17 / 2**16).
 ALONE_PER_REPLICA = 8
 
 
