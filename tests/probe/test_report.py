@@ -98,6 +98,8 @@ def test_a_fleet_run_shows_who_served_each_band_and_whether_the_replicas_agree()
             "m_formed_by_replica": {"a": 2, "b": None}}
     assert band_line(band, is_fleet=True).endswith(" decode=- tok/s replicas=b:2, a:2(m=2)")
     assert "replicas=" not in band_line(band)
+    unnamed = {**band, "slots": [{"i": 0, "replica": None}], "m_formed_by_replica": None}
+    assert band_line(unnamed, is_fleet=True).endswith(" replicas=(unnamed):1")
     witness = {"result": "FAIL", "declared_min": 64, "sampler": {"max_tokens": 128},
                "reference": {"stable": True, "tokens": 128, "self_divergence_at": 128}, "bands": [band],
                "fleet": FLEET}

@@ -85,7 +85,7 @@ def _additions(band: dict[str, Any]) -> str:
 
 def served_by(band: dict[str, Any]) -> str:
     """Which replicas served a band's slots, each with its largest batch when known: `a:2(m=2), b:2(m=2)`."""
-    counts = Counter(str(s.get("replica")) for s in band.get("slots", []))
+    counts = Counter(s.get("replica") or "(unnamed)" for s in band.get("slots", []))
     largest = band.get("m_formed_by_replica") or {}
     return ", ".join(
         f"{replica}:{n}" + (f"(m={largest[replica]})" if largest.get(replica) is not None else "")
