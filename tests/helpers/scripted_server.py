@@ -113,6 +113,9 @@ class Script:
     # (replica, step, shift): that replica's logprobs at that step move by `shift`, at any m (tokens
     # unchanged): a replica that is self-consistent and batch-invariant, but not bitwise the others.
     replica_logprob_shift: tuple[str, int, float] | None = None
+    # (replica, seconds): that replica's batches are recorded this much later than the others'
+    # (a fleet's replicas report their histograms each on its own clock).
+    replica_record_lag: tuple[str, float] | None = None
 
 
 @dataclass
@@ -128,6 +131,7 @@ class State:
     histogram: dict[float, int] = field(default_factory=dict)
     semaphore: asyncio.Semaphore | None = None
     fleet: dict[str, "State"] = field(default_factory=dict)  # each replica's own batching
+    replica: str | None = None  # the replica this state batches for, on a fleet
 
     def admit(self) -> None:
         if self.active == 0:
@@ -140,7 +144,9 @@ class State:
         if self.active == 0:
             m, ms = self.batch_max, (time.perf_counter() - self.batch_start) * 1000
             self.batch_max = 0
-            asyncio.get_running_loop().call_later(self.script.record_delay_s, self.record, m, ms)
+            lag = self.script.replica_record_lag
+            delay = self.script.record_delay_s + (lag[1] if lag is not None and lag[0] == self.replica else 0.0)
+            asyncio.get_running_loop().call_later(delay, self.record, m, ms)
 
     def record(self, m: int, ms: float) -> None:
         self.batches.append(m)
@@ -287,7 +293,7 @@ def series_lines(state: State, label: str | None) -> list[str]:
 
 def build_app(script: Script) -> tuple[Starlette, State]:
     state = State(script)
-    state.fleet = {replica: State(script) for replica in script.replicas}
+    state.fleet = {replica: State(script, replica=replica) for replica in script.replicas}
 
     async def completions(request: Request) -> Response:
         body = await request.json()

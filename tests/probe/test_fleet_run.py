@@ -47,6 +47,15 @@ def test_a_fleet_whose_replicas_agree_passes_with_every_slot_attributed(tmp_path
     assert check_probe_witness(tmp_path, witness) == (0, [])
 
 
+def test_a_replica_that_records_its_batches_late_is_waited_for(tmp_path: Path) -> None:
+    # Without waiting for r1, the band would settle on r0's record alone: r1 formed "nothing".
+    with ScriptedServer(Script(**FLEET, replica_record_lag=("r1", 0.4))) as server:
+        code, witness = run_probe(server.url, tmp_path, "--fleet")
+    assert code == 0
+    assert [b["m_formed_by_replica"] for b in witness["bands"]] == [{"r0": 1, "r1": 0}, {"r0": 2, "r1": 2}]
+    assert check_probe_witness(tmp_path, witness) == (0, [])
+
+
 def test_replicas_that_disagree_in_one_logprob_fail_though_each_is_self_consistent(tmp_path: Path, capsys) -> None:
     script = Script(**FLEET, replica_logprob_shift=("r1", 5, 1e-6))
     with ScriptedServer(script) as server:

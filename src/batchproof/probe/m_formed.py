@@ -4,7 +4,7 @@ import asyncio
 import contextlib
 import re
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -87,9 +87,12 @@ class MFormedWatcher:
         self.has_gauge = gauge(samples) is not None
         self.has_slots = busy_slots(await self._get_json("/slots")) is not None
 
-    async def measure(self, work: Awaitable[T]) -> tuple[T, int, str | None, dict[str, int | None]]:
+    async def measure(
+        self, work: Awaitable[T], replicas_of: Callable[[T], Collection[str]] | None = None
+    ) -> tuple[T, int, str | None, dict[str, int | None]]:
         """Run `work` (a band) and return its result with m_formed, its source, and each
-        replica's largest batch when the histogram is labelled by replica ({} otherwise)."""
+        replica's largest batch when the histogram is labelled by replica ({} otherwise).
+        `replicas_of` names the replicas that served `work`: each must record a batch."""
         self._mark_log()
         if self.has_histogram:
             self._before, self._before_by_replica = await self._histograms()
@@ -104,20 +107,24 @@ class MFormedWatcher:
                 sampler.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await sampler
-        log_m, hist_m, by_replica = await self._settle()
+        log_m, hist_m, by_replica = await self._settle(set(replicas_of(result)) if replicas_of else set())
         busy_source = "slots" if self.has_slots else "metrics"
         busy_m = max(busiest) if busiest else None
         m, source = choose([("log", log_m), ("metrics", hist_m), (busy_source, busy_m)])
         return result, m, source, by_replica
 
-    async def _settle(self) -> tuple[int | None, int | None, dict[str, int | None]]:
+    async def _settle(self, replicas: set[str]) -> tuple[int | None, int | None, dict[str, int | None]]:
         # A batch is recorded when it finishes, a few ms after its last stream may end;
-        # one more read after the first record catches a batch that trailed it.
+        # one more read after the first record catches a batch that trailed it. A fleet's
+        # replicas report their batches each on its own clock (about a second apart): with a
+        # histogram labelled by replica, every replica that served must have recorded one.
         deadline = time.monotonic() + self._settle_s
         is_unwatched = self._server_log is None and not self.has_histogram
         while True:
             log_m, (hist_m, by_replica) = self._read_log(), await self._histogram_m()
             is_recorded = log_m is not None or (hist_m is not None and hist_m > 0)
+            if by_replica and replicas:
+                is_recorded = is_recorded and all(by_replica.get(r, 0) != 0 for r in replicas)
             if is_unwatched or time.monotonic() >= deadline:
                 return log_m, hist_m, by_replica
             await asyncio.sleep(self._poll_s)

@@ -164,7 +164,7 @@ class Prober:
             runs: list[StreamResult] = []
             alone.append(runs)
             while True:
-                run, *_ = await watcher.measure(self._tracked(request))
+                run, *_ = await watcher.measure(self._tracked(request), _named)
                 runs.append(run)
                 if run.is_unreachable:
                     return alone
@@ -183,7 +183,7 @@ class Prober:
         prompts = [i % len(requests) for i in range(c)]
         stagger_s = config.stagger_ms / 1000
         work = asyncio.gather(*(self._tracked(requests[p], i * stagger_s) for i, p in enumerate(prompts)))
-        results, m_formed, source, by_replica = await watcher.measure(work)
+        results, m_formed, source, by_replica = await watcher.measure(work, _all_named)
         references = [reference_for(alone, p, r.replica, config.is_fleet) for p, r in zip(prompts, results)]
         slots = [slot_record(p, r, ref, self.matrix.n_predict) for p, r, ref in zip(prompts, results, references)]
         samples = [sample(r) for r in results]
@@ -210,6 +210,14 @@ class Prober:
         result = await fire(request)
         self.progress.request_done()
         return result
+
+
+def _named(result: StreamResult) -> list[str]:
+    return [] if result.replica is None else [result.replica]
+
+
+def _all_named(results: list[StreamResult]) -> list[str]:
+    return [r.replica for r in results if r.replica is not None]
 
 
 def _unreachable(served_model: str | None, why: str) -> RunRecord:
