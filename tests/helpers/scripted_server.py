@@ -17,6 +17,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from batchproof.common.wire import REPLICA_HEADER
+
 MODEL = "fake-model"
 BUCKETS = [*range(1, 17), 24, 32, 48, 64, 128]
 
@@ -103,6 +105,17 @@ class Script:
     mixed_divergence_at: int | None = None
     # Batched logprobs move by this much (tokens unchanged): a batch-variant reduction order.
     batched_logprob_shift: float = 0.0
+    # A fleet: request i goes to replicas[i % len] (round robin), each replica batching on its own
+    # and counted in its own histogram series (label `replica`); every reply names its replica
+    # in the x-batchproof-replica header. () sends no header, as servers other than ours.
+    replicas: tuple[str, ...] = ()
+    listed_replicas: tuple[str, ...] | None = None  # /v1/server_info's fleet.replicas (None: no `fleet` key)
+    # (replica, step, shift): that replica's logprobs at that step move by `shift`, at any m (tokens
+    # unchanged): a replica that is self-consistent and batch-invariant, but not bitwise the others.
+    replica_logprob_shift: tuple[str, int, float] | None = None
+    # (replica, seconds): that replica's batches are recorded this much later than the others'
+    # (a fleet's replicas report their histograms each on its own clock).
+    replica_record_lag: tuple[str, float] | None = None
 
 
 @dataclass
@@ -117,6 +130,8 @@ class State:
     batches: list[int] = field(default_factory=list)
     histogram: dict[float, int] = field(default_factory=dict)
     semaphore: asyncio.Semaphore | None = None
+    fleet: dict[str, "State"] = field(default_factory=dict)  # each replica's own batching
+    replica: str | None = None  # the replica this state batches for, on a fleet
 
     def admit(self) -> None:
         if self.active == 0:
@@ -129,7 +144,9 @@ class State:
         if self.active == 0:
             m, ms = self.batch_max, (time.perf_counter() - self.batch_start) * 1000
             self.batch_max = 0
-            asyncio.get_running_loop().call_later(self.script.record_delay_s, self.record, m, ms)
+            lag = self.script.replica_record_lag
+            delay = self.script.record_delay_s + (lag[1] if lag is not None and lag[0] == self.replica else 0.0)
+            asyncio.get_running_loop().call_later(delay, self.record, m, ms)
 
     def record(self, m: int, ms: float) -> None:
         self.batches.append(m)
@@ -175,28 +192,35 @@ def legacy_chunk(text: str, entries: list[dict[str, Any]], finish: str | None) -
     return f"data: {json.dumps(body)}\n\n"
 
 
+def shifted(token: Token, shift: float) -> Token:
+    return Token(token.text, token.token_bytes, token.logprob - shift, token.alt_text, token.alt_logprob - shift)
+
+
 def adjusted(script: Script, token: Token, m: int, step: int, is_mixed: bool, is_longest: bool) -> Token:
     """The token after the script's batch effects: a mixed-batch divergence, shifted logprobs."""
     if script.mixed_divergence_at is not None and is_mixed and is_longest and step >= script.mixed_divergence_at:
         text = f" m{step}"
         token = Token(text, list(text.encode()))
     if m > 1 and script.batched_logprob_shift:
-        shift = script.batched_logprob_shift
-        token = Token(token.text, token.token_bytes, token.logprob - shift, token.alt_text, token.alt_logprob - shift)
+        token = shifted(token, script.batched_logprob_shift)
     return token
 
 
-async def generate(state: State, request_no: int, max_tokens: int, prompt: str, route: str) -> AsyncIterator[str]:
+async def generate(
+    state: State, request_no: int, max_tokens: int, prompt: str, route: str, replica: str | None = None
+) -> AsyncIterator[str]:
     if state.script.is_buffered:
         # Everything is generated first; the reply leaves in one write at the end.
-        whole = [part async for part in _generate(state, request_no, max_tokens, prompt, route)]
+        whole = [part async for part in _generate(state, request_no, max_tokens, prompt, route, replica)]
         yield "".join(whole)
         return
-    async for part in _generate(state, request_no, max_tokens, prompt, route):
+    async for part in _generate(state, request_no, max_tokens, prompt, route, replica):
         yield part
 
 
-async def _generate(state: State, request_no: int, max_tokens: int, prompt: str, route: str) -> AsyncIterator[str]:
+async def _generate(
+    state: State, request_no: int, max_tokens: int, prompt: str, route: str, replica: str | None
+) -> AsyncIterator[str]:
     script = state.script
     assert state.semaphore is not None
     async with state.semaphore:
@@ -215,6 +239,8 @@ async def _generate(state: State, request_no: int, max_tokens: int, prompt: str,
             for step in range(n):
                 await asyncio.sleep(script.token_delay_s)
                 token = adjusted(script, script.pick(request_no, m, step), m, step, is_mixed, is_longest)
+                if script.replica_logprob_shift is not None and script.replica_logprob_shift[:2] == (replica, step):
+                    token = shifted(token, script.replica_logprob_shift[2])
                 if request_no == script.drop_request and step == 3:
                     return
                 held.append(entry(token, script.entry_style, step))
@@ -241,11 +267,20 @@ async def _generate(state: State, request_no: int, max_tokens: int, prompt: str,
 
 
 def histogram_lines(state: State) -> list[str]:
-    """The batch-size histogram as prometheus_client writes it."""
-    label = state.script.histogram_label
+    """The batch-size histogram as prometheus_client writes it; on a fleet one series per replica
+    (a replica's appears with its first batch)."""
     lines = ["# HELP batchproof_batch_size sequences per batch", "# TYPE batchproof_batch_size histogram"]
+    if state.fleet:
+        return lines + [line for replica, sub in state.fleet.items() if sub.batches
+                        for line in series_lines(sub, f'replica="{replica}"')]
+    label = state.script.histogram_label
     if label is not None and not state.batches:
         return lines
+    return lines + series_lines(state, label)
+
+
+def series_lines(state: State, label: str | None) -> list[str]:
+    lines = []
     extra = f"{label}," if label else ""
     plain = f"{{{label}}}" if label else ""
     for bound in [*BUCKETS, float("inf")]:
@@ -258,6 +293,7 @@ def histogram_lines(state: State) -> list[str]:
 
 def build_app(script: Script) -> tuple[Starlette, State]:
     state = State(script)
+    state.fleet = {replica: State(script, replica=replica) for replica in script.replicas}
 
     async def completions(request: Request) -> Response:
         body = await request.json()
@@ -266,15 +302,18 @@ def build_app(script: Script) -> tuple[Starlette, State]:
         state.requests.append(body)
         state.authorizations.append(request.headers.get("authorization"))
         request_no = len(state.requests) - 1
-        if state.semaphore is None:
-            state.semaphore = asyncio.Semaphore(script.max_batch)
+        replica = script.replicas[request_no % len(script.replicas)] if script.replicas else None
+        batcher = state.fleet[replica] if replica is not None else state
+        if batcher.semaphore is None:
+            batcher.semaphore = asyncio.Semaphore(script.max_batch)
         if script.status != 200:
             error = {"message": "logprobs: not on this path", "type": "server_error", "param": None}
             return JSONResponse({"error": error}, status_code=script.status)
         if "model" in body and body["model"] != MODEL:
             return JSONResponse({"error": {"message": f"model {body['model']!r}"}}, status_code=404)
-        stream = generate(state, request_no, int(body["max_tokens"]), prompt, route)
-        return StreamingResponse(stream, media_type="text/event-stream")
+        stream = generate(batcher, request_no, int(body["max_tokens"]), prompt, route, replica)
+        headers = {REPLICA_HEADER: replica} if replica is not None else None
+        return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
 
     async def models(request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
@@ -282,7 +321,15 @@ def build_app(script: Script) -> tuple[Starlette, State]:
     async def server_info(request: Request) -> Response:
         if not script.has_server_info:
             return JSONResponse({"detail": "Not Found"}, status_code=404)
-        return JSONResponse({"max_batch": script.max_batch, "dtype": "float32", "version": "fake"})
+        info: dict[str, Any] = {"max_batch": script.max_batch, "dtype": "float32", "version": "fake"}
+        if script.listed_replicas is not None:
+            info["numerics_id"] = "fake-numerics"
+            info["fleet"] = {"replicas": [
+                {"id": r, "host": "fake-host", "decode_path": "fake", "build_sha256": "0" * 64,
+                 "numerics_id": "fake-numerics", "alive": True}
+                for r in script.listed_replicas
+            ]}
+        return JSONResponse(info)
 
     async def metrics(request: Request) -> Response:
         lines = ["# HELP fake_requests_total requests", "# TYPE fake_requests_total counter",

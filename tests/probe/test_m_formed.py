@@ -2,8 +2,15 @@
 
 import pytest
 
-from batchproof.probe.m_formed import busy_slots, choose, max_batch_in_log
-from batchproof.probe.prometheus import Histogram, find_histogram, gauge, max_observed, parse_samples
+from batchproof.probe.m_formed import busy_slots, choose, max_batch_in_log, max_by_replica
+from batchproof.probe.prometheus import (
+    Histogram,
+    find_histogram,
+    gauge,
+    histograms_by,
+    max_observed,
+    parse_samples,
+)
 
 
 def test_log_lines_in_both_spellings() -> None:
@@ -67,6 +74,40 @@ def test_histograms_with_extra_labels_are_summed_and_other_names_accepted() -> N
     hist = find_histogram(parse_samples(text))
     assert hist == Histogram(2.0, {2.0: 1.0, 8.0: 2.0})
     assert find_histogram(parse_samples("requests_total 3\n")) is None
+
+
+def fleet_text(per_replica: dict[str, dict[int, int]]) -> str:
+    """A fleet's /metrics: one batch-size series per replica (label `replica`)."""
+    lines = ["# TYPE batchproof_batch_size histogram"]
+    for replica, counts in per_replica.items():
+        running = 0
+        for bound in [1, 2, 4, 8, 16]:
+            running += counts.get(bound, 0)
+            lines.append(f'batchproof_batch_size_bucket{{replica="{replica}",le="{float(bound)}"}} {running}.0')
+        lines.append(f'batchproof_batch_size_bucket{{replica="{replica}",le="+Inf"}} {running}.0')
+        lines.append(f'batchproof_batch_size_count{{replica="{replica}"}} {running}.0')
+    return "\n".join(lines) + "\n"
+
+
+def test_a_fleet_band_of_16_over_two_replicas_forms_8_not_16() -> None:
+    before = parse_samples(fleet_text({"a": {1: 2}, "b": {1: 2}}))
+    after = parse_samples(fleet_text({"a": {1: 2, 8: 1}, "b": {1: 2, 8: 1}}))
+    # Summing the replicas' buckets keeps every batch as its own observation: the largest is 8.
+    assert max_observed(find_histogram(before), find_histogram(after)) == 8
+    assert max_by_replica(histograms_by(before, "replica"), histograms_by(after, "replica")) == {"a": 8, "b": 8}
+
+
+def test_a_replica_whose_series_appears_during_the_band() -> None:
+    before = histograms_by(parse_samples(fleet_text({"a": {1: 2}})), "replica")
+    after = histograms_by(parse_samples(fleet_text({"a": {1: 2}, "b": {4: 1}})), "replica")
+    assert list(after) == ["a", "b"] and after["b"] == Histogram(1.0, {1.0: 0.0, 2.0: 0.0, 4.0: 1.0, 8.0: 1.0,
+                                                                         16.0: 1.0, float("inf"): 1.0})
+    assert max_by_replica(before, after) == {"a": 0, "b": 4}
+
+
+def test_a_histogram_without_the_label_splits_into_nothing() -> None:
+    assert histograms_by(parse_samples(histogram_text({1: 2})), "replica") == {}
+    assert histograms_by(parse_samples("requests_total 3\n"), "replica") == {}
 
 
 def test_the_llamacpp_gauge() -> None:

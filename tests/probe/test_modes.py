@@ -2,41 +2,13 @@
 batches, staggered starts, the completions route, buffered streams, logprob parity; each
 witness judged by the shape check."""
 
-import json
 from pathlib import Path
 
 import pytest
-import yaml
 
-from batchproof.check.contract import shipped_contract_text
 from batchproof.probe.prompts import BUILTIN_PROMPTS
+from tests.helpers.check_support import check_probe_witness as check
 from tests.helpers.scripted_server import Script, ScriptedServer, closed_port_url, run_probe
-
-
-def check(tmp_path: Path, witness: dict, require_bitwise: bool = True) -> tuple[int, list[str]]:
-    """The shape check over `witness`, under the shipped contract with the probe's small ladder
-    and floor (and the logprob clause as asked)."""
-    from batchproof.commands import check as check_verb
-
-    raw = yaml.safe_load(shipped_contract_text())
-    raw |= {"blessed_models": [{"prefix": "fake"}], "bands": [1, 4], "declared_min_floor": 6,
-            "require_bitwise_logprobs": require_bitwise}
-    contract = tmp_path / "contract.yaml"
-    contract.write_text(yaml.safe_dump(raw))
-    witness = {**witness, "model": {"path": "fake.gguf", "sha256": "0" * 64},
-               "host": "h", "commit": "c", "binary_sha256": "b" * 64}
-    path = tmp_path / "judged.json"
-    path.write_text(json.dumps(witness))
-    import argparse
-    import contextlib
-    import io
-
-    parser = argparse.ArgumentParser()
-    check_verb.add_arguments(parser)
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = check_verb.run(parser.parse_args([str(path), "--contract", str(contract), "--json"]))
-    return code, json.loads(out.getvalue())["reasons"]
 
 
 def test_a_server_that_diverges_only_in_mixed_batches(tmp_path: Path) -> None:

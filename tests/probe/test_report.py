@@ -84,3 +84,33 @@ def test_a_band_line_shows_the_worst_slot_logprob_parity_and_stream_modes() -> N
     clean = {**band, "logprobs_bitwise_equal": True, "logprob_max_abs_diff": 0.0,
              "slots": [{**slots[0], "i": i} for i in range(2)]}
     assert band_line(clean).endswith(" logprobs=bitwise streams=2 observed")
+
+
+FLEET = {"result": "FAIL", "reason": "replicas a and b disagree on prompt 0 at token 5: ...", "num_replicas": 2,
+         "replicas": [{"id": "a", "alone": 2, "slots": 3, "numerics_id": "1234567890abcdef"},
+                      {"id": "b", "alone": 3, "slots": 2, "numerics_id": "fedcba0987654321"}],
+         "unserved": [], "headerless": 0, "pairs_compared": 1, "pairs_diverged": 1, "divergence": {"prompt": 0}}
+
+
+def test_a_fleet_run_shows_who_served_each_band_and_whether_the_replicas_agree() -> None:
+    slots = [{"i": i, "replica": r} for i, r in enumerate(["b", "a", "b", "a"])]
+    band = {**BAND, "c": 4, "m_formed": 2, "result": "PASS", "reason": None, "slots": slots,
+            "m_formed_by_replica": {"a": 2, "b": None}}
+    assert band_line(band, is_fleet=True).endswith(" decode=- tok/s replicas=b:2, a:2(m=2)")
+    assert "replicas=" not in band_line(band)
+    unnamed = {**band, "slots": [{"i": 0, "replica": None}], "m_formed_by_replica": None}
+    assert band_line(unnamed, is_fleet=True).endswith(" replicas=(unnamed):1")
+    witness = {"result": "FAIL", "declared_min": 64, "sampler": {"max_tokens": 128},
+               "reference": {"stable": True, "tokens": 128, "self_divergence_at": 128}, "bands": [band],
+               "fleet": FLEET}
+    assert report_lines(witness)[3:] == [
+        "  fleet: FAIL, 2 replicas: a (2 alone, 3 slots), b (3 alone, 2 slots)",
+        "    replicas a and b disagree on prompt 0 at token 5: ...",
+        "    numerics_id differ: a 1234567890ab, b fedcba098765",
+    ]
+    agree = {**FLEET, "result": "PASS", "reason": None, "pairs_diverged": 0, "divergence": None,
+             "replicas": [{**r, "numerics_id": None} for r in FLEET["replicas"]]}
+    assert report_lines({**witness, "fleet": agree})[3:] == [
+        "  fleet: PASS, 2 replicas: a (2 alone, 3 slots), b (3 alone, 2 slots)",
+        "    cross-replica divergence: none (1 pair compared, bitwise)",
+    ]

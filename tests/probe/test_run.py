@@ -21,17 +21,17 @@ from tests.helpers.scripted_server import (
 WITNESS_KEYS = [
     "witness_version", "probe", "host", "commit", "binary_sha256", "model", "prompt_sha256",
     "sampler", "declared_min", "served_model", "server", "reference", "bands", "result",
-    "mode", "route", "stagger_ms", "prompts", "references",
+    "mode", "route", "stagger_ms", "prompts", "references", "fleet",
 ]
 BAND_KEYS = [
     "c", "m_formed", "m_formed_source", "result", "divergence_at", "intra_agree_to",
     "max_constant_run", "declared_min", "max_constant_run_declared", "reason", "decode_tok_s",
-    "divergence_slot", "logprob_max_abs_diff", "logprobs_bitwise_equal", "slots",
+    "divergence_slot", "logprob_max_abs_diff", "logprobs_bitwise_equal", "m_formed_by_replica", "slots",
 ]
 SLOT_KEYS = [
     "i", "completion_tokens", "finish_reason", "refused", "decode_tok_s", "prompt", "stream_mode",
     "stream_mode_conflict", "divergence_at", "top2_margin_at_divergence", "logprob_max_abs_diff",
-    "logprobs_bitwise_equal", "logprob_first_diff_at",
+    "logprobs_bitwise_equal", "logprob_first_diff_at", "replica", "reference_replica",
 ]
 
 

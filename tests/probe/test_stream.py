@@ -1,9 +1,10 @@
 """Reading one stream: lenient entries of every server, chunks in any arrangement."""
 
+import httpx
 import pytest
 
 from batchproof.probe.entry import EntryError, parse_entry
-from batchproof.probe.stream import StreamError, StreamResult
+from batchproof.probe.stream import StreamError, StreamResult, replica_of
 
 OURS = {
     "token": " hi",
@@ -131,3 +132,10 @@ def test_a_non_integer_usage_count_is_no_count() -> None:
     result.feed({"choices": [], "usage": {"completion_tokens": "3"}}, 0.1)
     result.finish()
     assert result.error is None and result.completion_tokens is None
+
+
+def test_the_replica_header_is_read_case_blind_and_blank_is_none() -> None:
+    assert replica_of(httpx.Headers({"X-Batchproof-Replica": " node-1-4242 "})) == "node-1-4242"
+    assert replica_of(httpx.Headers({"x-batchproof-replica": "a,b"})) == "a,b"  # n>1 spread: kept as sent
+    assert replica_of(httpx.Headers({"x-batchproof-replica": " "})) is None
+    assert replica_of(httpx.Headers({"content-type": "text/event-stream"})) is None

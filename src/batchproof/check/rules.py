@@ -2,6 +2,7 @@
 
 import json
 import string
+from collections import Counter
 
 from batchproof.check.contract import BlessedModel, Contract
 from batchproof.check.witness import IDENTITY_KEYS
@@ -113,18 +114,48 @@ def logprob_reason(band: dict, contract: Contract) -> str | None:
     return f"logprobs: c={c} logprobs differ from m=1 {size}{where}; {need}"
 
 
-def copy_reasons(band: dict, contract: Contract) -> list[str]:
+def _or_unknown(m: int | None) -> str:
+    return "unknown" if m is None else str(m)
+
+
+def fleet_shape_reason(band: dict) -> str | None:
+    """S3 on a fleet, where a band of c is split over the replicas: each replica must have
+    batched all the band's slots it served together (m = its share), as a single server must
+    batch all c. The band's m_formed, the largest batch one replica formed, is then about c/N."""
+    served = Counter(slot["replica"] for slot in band["slots"])
+    formed = band["m_formed_by_replica"]
+    wrong = [
+        f"replica {replica} formed m={_or_unknown(formed.get(replica, 0))} for its {served[replica]} slots"
+        for replica in dict.fromkeys([*served, *formed])
+        if formed.get(replica, 0) != served[replica]
+    ]
+    return None if not wrong else f"S3: c={band['c']} on the fleet: {', '.join(wrong)} (the shape was not served)"
+
+
+def shape_reason(band: dict, is_fleet: bool) -> str | None:
+    """S3: the band's shape was served (on a fleet whose slots name their replicas, per replica)."""
+    c, m_formed = band["c"], band["m_formed"]
+    replicas = [slot["replica"] for slot in band["slots"]]
+    if is_fleet and band["m_formed_by_replica"] is not None and replicas and None not in replicas:
+        return fleet_shape_reason(band)
+    if m_formed is None:
+        return f"S3: c={c} m_formed not recorded (the shape is not shown)"
+    if m_formed != c:
+        return f"S3: c={c} m_formed {m_formed} != c (the shape was not served)"
+    return None
+
+
+def copy_reasons(band: dict, contract: Contract, is_fleet: bool = False) -> list[str]:
     """S6, S3, the floor and S5 for one recorded copy of a band."""
-    c, result, m_formed, declared_min = band["c"], band["result"], band["m_formed"], band["declared_min"]
+    c, result, declared_min = band["c"], band["result"], band["declared_min"]
     reasons = []
     if result is None:
         reasons.append(f"S6: c={c} result not recorded")
     elif result != "PASS":
         reasons.append(f"S6: c={c} result {result} is not PASS")
-    if m_formed is None:
-        reasons.append(f"S3: c={c} m_formed not recorded (the shape is not shown)")
-    elif m_formed != c:
-        reasons.append(f"S3: c={c} m_formed {m_formed} != c (the shape was not served)")
+    shape = shape_reason(band, is_fleet)
+    if shape is not None:
+        reasons.append(shape)
     if declared_min is not None and declared_min < contract.declared_min_floor:
         reasons.append(
             f"floor: c={c} declared_min {declared_min} is below the contract's floor "
@@ -135,7 +166,7 @@ def copy_reasons(band: dict, contract: Contract) -> list[str]:
     return reasons if logprobs is None else [*reasons, logprobs]
 
 
-def band_reasons(bands: list[dict], contract: Contract) -> list[str]:
+def band_reasons(bands: list[dict], contract: Contract, is_fleet: bool = False) -> list[str]:
     """Every contract band, once, each copy checked: a FAIL copy is never masked by a PASS."""
     reasons = []
     for c in contract.bands:
@@ -145,7 +176,7 @@ def band_reasons(bands: list[dict], contract: Contract) -> list[str]:
         if len(copies) > 1:
             reasons.append(f"band c={c} recorded {len(copies)} times; a witness has one band per c")
         for band in copies:
-            reasons.extend(copy_reasons(band, contract))
+            reasons.extend(copy_reasons(band, contract, is_fleet))
     return reasons
 
 
@@ -207,13 +238,36 @@ def decode_reasons(bands: list[dict], contract: Contract) -> list[str]:
     ]
 
 
+def fleet_reasons(fleet: dict | None) -> list[str]:
+    """A fleet (`batchproof probe --fleet`) must show its replicas bitwise equal: each replica
+    passing its bands is not enough when two of them give a client different bits. Any
+    contract; a witness without a fleet section has nothing here to judge."""
+    if fleet is None:
+        return []
+    divergence = fleet["divergence"]
+    if divergence is not None:
+        a, b = divergence["replicas"]
+        what = {"token": "tokens differ", "logprob": "logprobs differ"}.get(divergence["kind"] or "", "they differ")
+        return [
+            f"fleet: replicas {a} and {b} disagree on prompt {divergence['prompt']} at token "
+            f"{divergence['token_index']} ({what}); a fleet's replicas must agree bitwise"
+        ]
+    if fleet["result"] == "PASS":
+        return []
+    why = f" ({fleet['reason']})" if fleet["reason"] else ""
+    if fleet["result"] is None:
+        return [f"fleet: result not recorded{why}; cross-replica agreement is not shown"]
+    return [f"fleet: result {fleet['result']} is not PASS{why}; cross-replica agreement is not shown"]
+
+
 def judge(witness: dict, contract: Contract) -> list[str]:
     """Every reason the typed `witness` is not admissible under `contract`, in the spec's order."""
-    bands = witness["bands"]
+    bands, fleet = witness["bands"], witness.get("fleet")
     return [
         *model_reasons(witness["model"], contract),
         *identity_reasons(witness),
-        *band_reasons(bands, contract),
+        *band_reasons(bands, contract, fleet is not None),
         *near_tie_cap_reasons(bands, contract),
         *decode_reasons(bands, contract),
+        *fleet_reasons(fleet),
     ]

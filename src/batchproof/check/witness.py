@@ -26,6 +26,9 @@ BAND_KEYS = {
     "logprob_max_abs_diff": _NUMBER,
     "logprobs_bitwise_equal": _BOOLEAN,
 }
+# A fleet witness's cross-replica agreement (an addition to v3; absent or null elsewhere).
+FLEET_KEYS = {"result": _STRING, "reason": _STRING}
+DIVERGENCE_KEYS = {"prompt": _INTEGER, "token_index": _INTEGER, "kind": _STRING}
 # Slot key -> type; a slot with a divergence_at is judged against its own m=1 reference.
 SLOT_KEYS = {
     "i": _INTEGER,
@@ -34,6 +37,7 @@ SLOT_KEYS = {
     "logprob_max_abs_diff": _NUMBER,
     "logprobs_bitwise_equal": _BOOLEAN,
     "logprob_first_diff_at": _INTEGER,
+    "replica": _STRING,  # on a fleet: the replica that served the slot
 }
 
 
@@ -99,8 +103,18 @@ def _band(index: int, value: object) -> dict:
     band = {"c": c}
     for key, kind in BAND_KEYS.items():
         band[key] = _typed(value.get(key), kind, f"{where}.{key}")
+    band["m_formed_by_replica"] = _per_replica(value.get("m_formed_by_replica"), f"{where}.m_formed_by_replica")
     band["slots"] = _slots(value.get("slots"), f"{where}.slots")
     return band
+
+
+def _per_replica(value: object, where: str) -> dict | None:
+    """A fleet band's largest batch per replica: replica id -> integer or null."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise WitnessError(f"{where} must be an object or null, got {_show(value)}")
+    return {key: _typed(m, _INTEGER, f"{where}.{key}") for key, m in value.items()}
 
 
 def _slots(value: object, where: str) -> list[dict]:
@@ -119,6 +133,29 @@ def _slots(value: object, where: str) -> list[dict]:
     return slots
 
 
+def _fleet(value: object) -> dict | None:
+    """The fleet section's judged keys: its result and reason, and the first divergence between
+    two replicas (the two replica ids, the prompt, the token and what differed)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise WitnessError(f"fleet must be an object or null, got {_show(value)}")
+    fleet = {key: _typed(value.get(key), kind, f"fleet.{key}") for key, kind in FLEET_KEYS.items()}
+    raw = value.get("divergence")
+    if raw is not None and not isinstance(raw, dict):
+        raise WitnessError(f"fleet.divergence must be an object or null, got {_show(raw)}")
+    divergence = None
+    if raw is not None:
+        where = "fleet.divergence"
+        divergence = {key: _typed(raw.get(key), kind, f"{where}.{key}") for key, kind in DIVERGENCE_KEYS.items()}
+        replicas = raw.get("replicas")
+        if not (isinstance(replicas, list) and len(replicas) == 2 and all(isinstance(r, str) for r in replicas)):
+            raise WitnessError(f"{where}.replicas must be a list of two strings, got {_show(replicas)}")
+        divergence["replicas"] = replicas
+    fleet["divergence"] = divergence
+    return fleet
+
+
 def _bands(value: object) -> list[dict]:
     if value is not None and not isinstance(value, list):
         raise WitnessError(f"bands must be a list or null, got {_show(value)}")
@@ -134,6 +171,7 @@ def typed_witness(value: object) -> dict:
     witness = {key: _typed(value.get(key), _STRING, key) for key in IDENTITY_KEYS}
     witness["model"] = _model(value.get("model"))
     witness["bands"] = _bands(value.get("bands"))
+    witness["fleet"] = _fleet(value.get("fleet"))
     return witness
 
 

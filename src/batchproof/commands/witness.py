@@ -1,4 +1,5 @@
-"""`batchproof witness`: serve a model (the default one unless --model), probe it, check the witness, in one command."""
+"""`batchproof witness`: serve a model (the default one unless --model; on a fleet of replicas with
+--fleet N), probe it, check the witness, in one command."""
 
 import argparse
 import json
@@ -14,6 +15,7 @@ from batchproof.commands import check as check_verb
 from batchproof.commands import probe as probe_verb
 
 DEFAULT_OUT = Path("witness.json")
+HEALTHY_WITHIN_S = {"serve": 180, "fleet": 600}  # a fleet starts Ray, then loads the model once per replica
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,7 +23,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="GGUF file or packaged model name (default: smollm2-135m)")
     parser.add_argument("--ladder", help="concurrencies to probe (default: the matrix's, 1,4,8,16)")
     parser.add_argument("--contract", type=Path, help="contract for the check (default: the shipped one)")
-    parser.add_argument("--serve-arg", action="append", default=[], help="extra flag for `batchproof serve`")
+    parser.add_argument("--serve-arg", action="append", default=[],
+                        help="extra flag for `batchproof serve` (or `batchproof fleet`)")
+    parser.add_argument("--fleet", type=int, metavar="N",
+                        help="serve with `batchproof fleet --replicas N` (Ray Serve: pip install -e '.[fleet]') and "
+                             "probe it with --fleet, so the witness also shows the replicas agree")
 
 
 def _free_port() -> int:
@@ -30,20 +36,28 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_healthy(url: str, process: subprocess.Popen, log: Path) -> dict:
+def serve_command(args: argparse.Namespace, port: int, server_log: Path) -> list[str]:
+    """The server to start: `batchproof serve`, or with --fleet N `batchproof fleet --replicas N`."""
+    verb = ["fleet", "--replicas", str(args.fleet)] if args.fleet is not None else ["serve"]
+    command = [sys.executable, "-m", "batchproof", *verb, "--port", str(port), "--log-file", str(server_log),
+               *args.serve_arg]
+    return command + (["--model", str(args.model)] if args.model else [])
+
+
+def _wait_healthy(url: str, process: subprocess.Popen, log: Path, verb: str) -> dict:
     import httpx
 
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + HEALTHY_WITHIN_S[verb]
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"batchproof serve exited with {process.returncode}; see {log}")
+            raise RuntimeError(f"batchproof {verb} exited with {process.returncode}; see {log}")
         try:
             if httpx.get(f"{url}/health", timeout=2).status_code == 200:
                 return httpx.get(f"{url}/v1/server_info", timeout=10).json()
         except httpx.HTTPError:
             pass
         time.sleep(0.2)
-    raise RuntimeError(f"batchproof serve was not healthy within 180 s; see {log}")
+    raise RuntimeError(f"batchproof {verb} was not healthy within {HEALTHY_WITHIN_S[verb]} s; see {log}")
 
 
 def _model_contract(model: str | None) -> Path | None:
@@ -66,19 +80,21 @@ def _run_verb(verb: types.ModuleType, argv: list[str]) -> int:
 def run(args: argparse.Namespace) -> int:
     from batchproof.server.info import build_sha256, git_commit
 
+    if args.fleet is not None and args.fleet < 2:
+        # One replica has no other to agree with: its fleet verdict could only be UNMEASURABLE.
+        print(f"witness: --fleet needs at least 2 replicas, got {args.fleet}", file=sys.stderr)
+        return 2
     workdir = Path(tempfile.mkdtemp(prefix="batchproof-witness-"))
     server_log, stderr_log = workdir / "batch.log", workdir / "serve.log"
     port = _free_port()
-    command = [sys.executable, "-m", "batchproof", "serve", "--port", str(port), "--log-file", str(server_log),
-               *args.serve_arg]
-    if args.model:
-        command += ["--model", str(args.model)]
+    command = serve_command(args, port, server_log)
+    verb = "fleet" if args.fleet is not None else "serve"
     url = f"http://127.0.0.1:{port}"
     print(f"witness: starting {' '.join(command[2:])}", file=sys.stderr)
     with stderr_log.open("wb") as err:
         process = subprocess.Popen(command, stdout=err, stderr=subprocess.STDOUT)
     try:
-        info = _wait_healthy(url, process, stderr_log)
+        info = _wait_healthy(url, process, stderr_log, verb)
         # The server reports the build it runs; it must be the one this command would vouch for.
         if info.get("build_sha256") != build_sha256():
             print(f"witness: the server reports build {info.get('build_sha256')}, not ours ({build_sha256()})",
@@ -92,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
             probe += ["--commit", commit]
         if args.ladder:
             probe += ["--ladder", args.ladder]
+        if args.fleet is not None:
+            probe += ["--fleet"]
         probe_code = _run_verb(probe_verb, probe)
     except RuntimeError as e:
         print(f"witness: {e}", file=sys.stderr)

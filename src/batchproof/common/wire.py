@@ -8,6 +8,9 @@ from typing import Any
 ABSENT_LOGPROB = -9999.0  # OpenAI's spelling of log(0); JSON has no infinities
 DONE = "[DONE]"  # the payload that ends an OpenAI stream
 SSE_DONE = f"data: {DONE}\n\n".encode()
+# On every generation reply of a batchproof server: the id of the replica that computed it
+# (a fleet's replicas, or a single server's one id), so a client can tell who served.
+REPLICA_HEADER = "x-batchproof-replica"
 
 
 def dumps(obj: Any) -> str:

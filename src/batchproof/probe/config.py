@@ -63,6 +63,12 @@ class ProbeConfig:
         metadata=_flag("--prompts", "with --mixed: prompts to use, one a line (text, or JSONL: a string or "
                        "{\"prompt\": ...}); default: a built-in set of 16", "FILE", Path),
     )
+    is_fleet: bool = field(
+        default=False,
+        metadata=_flag("--fleet", "the server is a fleet of replicas: measure each replica alone, record which "
+                       "replica served every request (x-batchproof-replica), and fail when two replicas' "
+                       "replies differ", parse=bool),
+    )
     stagger_ms: float = field(
         default=0.0,
         metadata=_flag("--stagger-ms", "start slot i of a band i*MS ms after slot 0, so later ones join "

@@ -83,8 +83,19 @@ def _additions(band: dict[str, Any]) -> str:
     return "".join(f" {part}" for part in parts)
 
 
-def band_line(band: dict[str, Any]) -> str:
+def served_by(band: dict[str, Any]) -> str:
+    """Which replicas served a band's slots, each with its largest batch when known: `a:2(m=2), b:2(m=2)`."""
+    counts = Counter(s.get("replica") or "(unnamed)" for s in band.get("slots", []))
+    largest = band.get("m_formed_by_replica") or {}
+    return ", ".join(
+        f"{replica}:{n}" + (f"(m={largest[replica]})" if largest.get(replica) is not None else "")
+        for replica, n in counts.items()
+    )
+
+
+def band_line(band: dict[str, Any], is_fleet: bool = False) -> str:
     source = f" ({band['m_formed_source']})" if band.get("m_formed_source") else ""
+    replicas = f" replicas={served_by(band)}" if is_fleet else ""
     rate = band.get("decode_tok_s")
     reason = f" ({band['reason']})" if band.get("reason") else ""
     return (
@@ -92,7 +103,7 @@ def band_line(band: dict[str, Any]) -> str:
         f"intra_agree_to={_or_dash(band['intra_agree_to'])} "
         f"divergence_at={_or_dash(band['divergence_at'])} "
         f"top2_margin={_or_dash(band.get('top2_margin_at_divergence'), '.4g')} "
-        f"decode={_or_dash(rate, '.1f')} tok/s{_additions(band)}{reason}"
+        f"decode={_or_dash(rate, '.1f')} tok/s{_additions(band)}{replicas}{reason}"
     )
 
 
@@ -105,15 +116,33 @@ def conflict_lines(band: dict[str, Any]) -> list[str]:
     ]
 
 
+def fleet_lines(fleet: dict[str, Any]) -> list[str]:
+    """The replicas that served, and whether they agree: divergence none, or the first one."""
+    replicas = ", ".join(f"{r['id']} ({r['alone']} alone, {r['slots']} slots)" for r in fleet["replicas"])
+    n = fleet["num_replicas"]
+    lines = [f"  fleet: {fleet['result']}, {n} replica{'s' if n != 1 else ''}: {replicas or '-'}"]
+    pairs = fleet["pairs_compared"]
+    if fleet["divergence"] is None and pairs:
+        lines.append(f"    cross-replica divergence: none ({pairs} pair{'s' if pairs != 1 else ''} compared, bitwise)")
+    if fleet.get("reason"):
+        lines.append(f"    {fleet['reason']}")
+    numerics = {r["id"]: r["numerics_id"] for r in fleet["replicas"] if r.get("numerics_id")}
+    if len(set(numerics.values())) > 1:
+        lines.append("    numerics_id differ: " + ", ".join(f"{r} {v[:12]}" for r, v in numerics.items()))
+    return lines
+
+
 def report_lines(witness: dict[str, Any]) -> list[str]:
-    """The verdict, the reference, then one line per band."""
+    """The verdict, the reference, one line per band, then on a fleet its replicas' agreement."""
     reference = witness["reference"]
     stable = "stable" if reference["stable"] else "NOT STABLE"
     why = f" ({reference['reason']})" if reference.get("reason") else ""
+    fleet = witness.get("fleet")
     return [
         f"batchproof probe: {witness['result']} (declared_min {witness['declared_min']}, "
         f"n_predict {witness['sampler']['max_tokens']})",
         f"  m=1 reference: {stable} tokens={_or_dash(reference['tokens'])} "
         f"self_divergence_at={_or_dash(reference['self_divergence_at'])}{why}",
-        *(line for band in witness["bands"] for line in (band_line(band), *conflict_lines(band))),
+        *(line for band in witness["bands"] for line in (band_line(band, fleet is not None), *conflict_lines(band))),
+        *(fleet_lines(fleet) if fleet is not None else []),
     ]

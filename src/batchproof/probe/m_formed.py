@@ -4,7 +4,7 @@ import asyncio
 import contextlib
 import re
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -15,12 +15,15 @@ from batchproof.probe.prometheus import (
     Histogram,
     find_histogram,
     gauge,
+    histograms_by,
     max_observed,
     parse_samples,
 )
 
 T = TypeVar("T")
 
+# A fleet's /metrics labels each replica's batch-size series with this.
+REPLICA_LABEL = "replica"
 # Ours: `batch m=N done in <ms>ms (...)`; aprender's: `[PMAT-044] Batch m=N done`.
 _BATCH_LINE = re.compile(r"(?<![A-Za-z])[Bb]atch m=(\d+) done")
 
@@ -51,6 +54,12 @@ def choose(candidates: list[tuple[str, int | None]]) -> tuple[int, str | None]:
     return 0, None
 
 
+def max_by_replica(before: dict[str, Histogram], after: dict[str, Histogram]) -> dict[str, int | None]:
+    """Each replica's largest batch between two scrapes (0: it formed none). A band of c over
+    N replicas forms about c/N on each; m_formed stays the largest batch one replica formed."""
+    return {replica: max_observed(before.get(replica), hist) for replica, hist in after.items()}
+
+
 class MFormedWatcher:
     """Watches one server while a band runs: its log, /metrics and /slots."""
 
@@ -66,6 +75,7 @@ class MFormedWatcher:
         self.has_slots = False
         self._log_offset = 0
         self._before: Histogram | None = None
+        self._before_by_replica: dict[str, Histogram] = {}
 
     async def detect(self) -> None:
         """Find out once which sources this server offers."""
@@ -77,11 +87,15 @@ class MFormedWatcher:
         self.has_gauge = gauge(samples) is not None
         self.has_slots = busy_slots(await self._get_json("/slots")) is not None
 
-    async def measure(self, work: Awaitable[T]) -> tuple[T, int, str | None]:
-        """Run `work` (a band) and return its result with m_formed and its source."""
+    async def measure(
+        self, work: Awaitable[T], replicas_of: Callable[[T], Collection[str]] | None = None
+    ) -> tuple[T, int, str | None, dict[str, int | None]]:
+        """Run `work` (a band) and return its result with m_formed, its source, and each
+        replica's largest batch when the histogram is labelled by replica ({} otherwise).
+        `replicas_of` names the replicas that served `work`: each must record a batch."""
         self._mark_log()
         if self.has_histogram:
-            self._before = await self._histogram()
+            self._before, self._before_by_replica = await self._histograms()
         busiest: list[int] = []
         sampler = None
         if not self.has_histogram and (self.has_slots or self.has_gauge):
@@ -93,25 +107,29 @@ class MFormedWatcher:
                 sampler.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await sampler
-        log_m, hist_m = await self._settle()
+        log_m, hist_m, by_replica = await self._settle(set(replicas_of(result)) if replicas_of else set())
         busy_source = "slots" if self.has_slots else "metrics"
         busy_m = max(busiest) if busiest else None
         m, source = choose([("log", log_m), ("metrics", hist_m), (busy_source, busy_m)])
-        return result, m, source
+        return result, m, source, by_replica
 
-    async def _settle(self) -> tuple[int | None, int | None]:
+    async def _settle(self, replicas: set[str]) -> tuple[int | None, int | None, dict[str, int | None]]:
         # A batch is recorded when it finishes, a few ms after its last stream may end;
-        # one more read after the first record catches a batch that trailed it.
+        # one more read after the first record catches a batch that trailed it. A fleet's
+        # replicas report their batches each on its own clock (about a second apart): with a
+        # histogram labelled by replica, every replica that served must have recorded one.
         deadline = time.monotonic() + self._settle_s
         is_unwatched = self._server_log is None and not self.has_histogram
         while True:
-            log_m, hist_m = self._read_log(), await self._histogram_m()
+            log_m, (hist_m, by_replica) = self._read_log(), await self._histogram_m()
             is_recorded = log_m is not None or (hist_m is not None and hist_m > 0)
+            if by_replica and replicas:
+                is_recorded = is_recorded and all(by_replica.get(r, 0) != 0 for r in replicas)
             if is_unwatched or time.monotonic() >= deadline:
-                return log_m, hist_m
+                return log_m, hist_m, by_replica
             await asyncio.sleep(self._poll_s)
             if is_recorded:
-                return self._read_log(), await self._histogram_m()
+                return self._read_log(), *await self._histogram_m()
 
     def _mark_log(self) -> None:
         if self._server_log is not None:
@@ -131,19 +149,23 @@ class MFormedWatcher:
             return None
         return max_batch_in_log(text)
 
-    async def _histogram_m(self) -> int | None:
+    async def _histogram_m(self) -> tuple[int | None, dict[str, int | None]]:
         # Without the scrape from before the band, a delta would count all history.
         if not self.has_histogram or self._before is None:
-            return None
-        after = await self._histogram()
-        return None if after is None else max_observed(self._before, after)
+            return None, {}
+        after, after_by_replica = await self._histograms()
+        if after is None:
+            return None, {}
+        return max_observed(self._before, after), max_by_replica(self._before_by_replica, after_by_replica)
 
-    async def _histogram(self) -> Histogram | None:
-        """The histogram now (empty if it has no series yet), or None if /metrics failed."""
+    async def _histograms(self) -> tuple[Histogram | None, dict[str, Histogram]]:
+        """The histogram now (empty if it has no series yet), or None if /metrics failed; and
+        its per-replica series on a fleet."""
         text = await self._metrics_text()
         if text is None:
-            return None
-        return find_histogram(parse_samples(text)) or Histogram(0.0, {})
+            return None, {}
+        samples = parse_samples(text)
+        return find_histogram(samples) or Histogram(0.0, {}), histograms_by(samples, REPLICA_LABEL)
 
     async def _sample_busy(self, busiest: list[int]) -> None:
         while True:

@@ -38,14 +38,15 @@ def parse_samples(text: str) -> list[MetricSample]:
     return samples
 
 
-def find_histogram(samples: list[MetricSample], name: str = HISTOGRAM) -> Histogram | None:
-    """The histogram `name`, else any `*batch_size` histogram, else None."""
+def _histogram_name(samples: list[MetricSample], name: str) -> str | None:
     names = {s[0].removesuffix("_count") for s in samples if s[0].endswith("_count")}
-    if name not in names:
-        others = sorted(n for n in names if n.endswith("batch_size"))
-        if not others:
-            return None
-        name = others[0]
+    if name in names:
+        return name
+    others = sorted(n for n in names if n.endswith("batch_size"))
+    return others[0] if others else None
+
+
+def _summed(samples: list[MetricSample], name: str) -> Histogram | None:
     count = sum(v for n, _, v in samples if n == f"{name}_count")
     buckets: dict[float, float] = {}
     for n, labels, v in samples:
@@ -56,6 +57,28 @@ def find_histogram(samples: list[MetricSample], name: str = HISTOGRAM) -> Histog
                 continue
             buckets[bound] = buckets.get(bound, 0.0) + v
     return Histogram(count, buckets) if buckets else None
+
+
+def find_histogram(samples: list[MetricSample], name: str = HISTOGRAM) -> Histogram | None:
+    """The histogram `name`, else any `*batch_size` histogram, else None.
+
+    Summed over label sets: a fleet's per-replica series (label `replica`) add up to one
+    histogram of every batch any replica formed, whose largest observation is the largest
+    batch one replica formed, never a sum of two replicas' batches.
+    """
+    found = _histogram_name(samples, name)
+    return None if found is None else _summed(samples, found)
+
+
+def histograms_by(samples: list[MetricSample], label: str, name: str = HISTOGRAM) -> dict[str, Histogram]:
+    """The histogram split by one label's value (a fleet's `replica`); {} when it has no such label."""
+    found = _histogram_name(samples, name)
+    if found is None:
+        return {}
+    series = (f"{found}_bucket", f"{found}_count")
+    values = dict.fromkeys(labels[label] for n, labels, _ in samples if n in series and label in labels)
+    split = {value: _summed([s for s in samples if s[1].get(label) == value], found) for value in values}
+    return {value: hist for value, hist in split.items() if hist is not None}
 
 
 def max_observed(before: Histogram | None, after: Histogram) -> int | None:

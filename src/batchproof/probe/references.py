@@ -1,28 +1,137 @@
-"""The m=1 references: one per prompt, each fired twice; the run needs every one stable."""
+"""The m=1 references: each prompt's runs fired alone (on a fleet, grouped by the replica that
+served them), judged for stability, and the reply each band slot is compared with."""
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from batchproof.probe.logprob_parity import LogprobParity
-from batchproof.probe.verdict import ReferenceJudgement
+from batchproof.probe.fleet import Reply
+from batchproof.probe.logprob_parity import UNMEASURED, LogprobParity, combine, compare
+from batchproof.probe.mixed_verdict import Reference
+from batchproof.probe.stream import StreamResult
+from batchproof.probe.verdict import Policy, ReferenceJudgement, Sample, judge_reference, refusal
 from batchproof.probe.witness import reference_record
 
 
-def combined(judgements: Sequence[ReferenceJudgement]) -> ReferenceJudgement:
+def sample(result: StreamResult) -> Sample:
+    identities = [entry.identity for entry in result.entries]
+    return Sample(identities, result.completion_tokens, result.error)
+
+
+def as_reference(result: StreamResult) -> Reference:
+    return Reference([e.identity for e in result.entries], [e.top2_margin for e in result.entries])
+
+
+@dataclass(frozen=True)
+class AloneGroup:
+    """m=1 runs of one prompt judged together: all of them, or on a fleet one replica's."""
+
+    prompt: int
+    runs: list[StreamResult]
+
+
+def alone_groups(alone: list[list[StreamResult]], is_fleet: bool) -> list[AloneGroup]:
+    # On a fleet, two replicas that disagree are not one unstable server: each replica's
+    # runs are judged against each other, and the replicas against each other by the fleet.
+    if not is_fleet:
+        return [AloneGroup(p, runs) for p, runs in enumerate(alone)]
+    groups = []
+    for p, runs in enumerate(alone):
+        by_replica: dict[str | None, list[StreamResult]] = {}
+        for run in runs:
+            by_replica.setdefault(run.replica, []).append(run)
+        groups += [AloneGroup(p, group) for group in by_replica.values()]
+    return groups
+
+
+def judge_runs(runs: Sequence[Sample], policy: Policy) -> ReferenceJudgement | None:
+    """The first run against each later one: the first refusal or parting, else the least
+    agreement. None for a single complete run: there is nothing to compare it with (a fleet's
+    replica the router sent only one alone request)."""
+    if len(runs) == 1:
+        why = refusal(runs[0], policy.n_predict)
+        return None if why is None else ReferenceJudgement(False, runs[0].completion_tokens, None, f"ref#1: {why}")
+    least: ReferenceJudgement | None = None
+    for k, other in enumerate(runs[1:], start=2):
+        judgement = judge_reference(runs[0], other, policy, ("ref#1", f"ref#{k}"))
+        if not judgement.is_stable:
+            return judgement
+        if least is None or (judgement.self_divergence_at or 0) < (least.self_divergence_at or 0):
+            least = judgement
+    return least
+
+
+def combined(judgements: Sequence[ReferenceJudgement], labels: Sequence[str] | None = None) -> ReferenceJudgement:
     """The run's reference: stable iff every prompt's is; the least self-agreement; the first
-    reason, naming its prompt when there are several."""
-    unstable = [(i, j) for i, j in enumerate(judgements) if not j.is_stable]
+    reason, naming its prompt (or `labels`' entry) when there are several."""
+    labels = labels or [f"prompt {i}" for i in range(len(judgements))]
+    unstable = [(label, j) for label, j in zip(labels, judgements) if not j.is_stable]
     agreed = [j.self_divergence_at for j in judgements]
     least = None if any(a is None for a in agreed) else min(a for a in agreed if a is not None)
     tokens = judgements[0].tokens
     if not unstable:
         return ReferenceJudgement(True, tokens, least, None)
-    i, first = unstable[0]
-    reason = first.reason if len(judgements) == 1 else f"prompt {i}: {first.reason}"
+    label, first = unstable[0]
+    reason = first.reason if len(judgements) == 1 else f"{label}: {first.reason}"
     return ReferenceJudgement(False, tokens, least, reason)
 
 
-def prompt_reference_record(i: int, judgement: ReferenceJudgement, parity: LogprobParity) -> dict[str, Any]:
-    """One prompt's reference in the witness, with how far its two runs' logprobs differ."""
-    return {"prompt": i, **reference_record(judgement), "logprob_max_abs_diff": parity.max_abs_diff,
-            "logprobs_bitwise_equal": parity.is_bitwise_equal}
+def judged_reference(
+    judged: Sequence[tuple[AloneGroup, ReferenceJudgement | None]], num_prompts: int, is_fleet: bool
+) -> ReferenceJudgement:
+    """Every judged group's stability combined, each named by its prompt and (on a fleet) its
+    replica; a group of one complete run is not judged."""
+    counted = [(g, j) for g, j in judged if j is not None]
+    if not counted:
+        tokens = judged[0][0].runs[0].completion_tokens
+        return ReferenceJudgement(False, tokens, None, "no replica served a prompt alone twice")
+
+    def label(group: AloneGroup) -> str:
+        replica = f"replica {group.runs[0].replica}" if is_fleet else ""
+        prompt = f"prompt {group.prompt}" if num_prompts > 1 or not replica else ""
+        return " ".join(part for part in (prompt, replica) if part)
+
+    return combined([j for _, j in counted], [label(g) for g, _ in counted])
+
+
+def group_parity(group: AloneGroup, judgement: ReferenceJudgement | None) -> LogprobParity:
+    """The first run's logprobs against each later run's, over the tokens they all share."""
+    if judgement is None or len(group.runs) < 2:
+        return UNMEASURED
+    first, upto = group.runs[0].logprob_vectors(), judgement.self_divergence_at or 0
+    return combine([compare(first, other.logprob_vectors(), upto) for other in group.runs[1:]])
+
+
+def prompt_reference_record(
+    i: int, judgement: ReferenceJudgement | None, parity: LogprobParity, replicas: Sequence[str | None] = (),
+    tokens: int | None = None,
+) -> dict[str, Any]:
+    """One prompt's reference in the witness, with how far its runs' logprobs differ and the
+    replica that served each run; `stable` null when one run had nothing to be compared with."""
+    if judgement is None:
+        record: dict[str, Any] = {"stable": None, "tokens": tokens, "self_divergence_at": None,
+                                  "reason": "served alone once: its self-consistency is untested"}
+    else:
+        record = reference_record(judgement)
+    return {"prompt": i, **record, "logprob_max_abs_diff": parity.max_abs_diff,
+            "logprobs_bitwise_equal": parity.is_bitwise_equal, "replicas": list(replicas)}
+
+
+def group_record(group: AloneGroup, judgement: ReferenceJudgement | None) -> dict[str, Any]:
+    return prompt_reference_record(group.prompt, judgement, group_parity(group, judgement),
+                                   [run.replica for run in group.runs], group.runs[0].completion_tokens)
+
+
+def reference_for(alone: list[list[StreamResult]], prompt: int, replica: str | None, is_fleet: bool) -> StreamResult:
+    """The m=1 reply a slot is compared with: its own replica's on a fleet (the prompt's first
+    when its replica was never measured alone), else the prompt's first."""
+    runs = alone[prompt]
+    if is_fleet and replica is not None:
+        return next((run for run in runs if run.replica == replica), runs[0])
+    return runs[0]
+
+
+def fleet_replies(alone: list[list[StreamResult]], n_predict: int) -> list[Reply]:
+    """Every m=1 run as the fleet compares them (a refused run carries no entries)."""
+    return [Reply(p, run.replica, run.entries if refusal(sample(run), n_predict) is None else None)
+            for p, runs in enumerate(alone) for run in runs]

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from batchproof.common.wire import DONE, SSEReader
+from batchproof.common.wire import DONE, REPLICA_HEADER, SSEReader
 from batchproof.probe.entry import Entry, EntryError, parse_entry, parse_legacy
 from batchproof.probe.liveness import StreamMode, is_timed, observe, stream_mode
 from batchproof.probe.verdict import decode_rate
@@ -34,6 +34,7 @@ class StreamResult:
     has_usage: bool = False
     error: str | None = None
     is_unreachable: bool = False
+    replica: str | None = None  # the x-batchproof-replica header: who served it (None: not said)
 
     @property
     def mode(self) -> tuple[StreamMode, str | None]:
@@ -119,6 +120,7 @@ async def fire(request: StreamRequest) -> StreamResult:
             ) as client:
                 start = time.perf_counter()
                 async with client.stream("POST", request.url, json=request.body) as response:
+                    result.replica = replica_of(response.headers)
                     if not response.is_success:
                         body = (await response.aread()).decode("utf-8", "replace")
                         result.error = f"HTTP {response.status_code}: {_body_message(body)}"
@@ -139,6 +141,12 @@ async def fire(request: StreamRequest) -> StreamResult:
         result.error = f"unexpected {type(err).__name__}: {err}"
     result.finish()
     return result
+
+
+def replica_of(headers: httpx.Headers) -> str | None:
+    """The replica a reply names, or None when it names none (servers other than ours)."""
+    value = headers.get(REPLICA_HEADER, "").strip()
+    return value or None
 
 
 async def _sse_chunks(response: httpx.Response) -> AsyncIterator[Any]:

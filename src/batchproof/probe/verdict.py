@@ -77,16 +77,19 @@ def refusal(sample: Sample, n_predict: int) -> str | None:
     return None
 
 
-def judge_reference(first: Sample, second: Sample, policy: Policy) -> ReferenceJudgement:
+def judge_reference(
+    first: Sample, second: Sample, policy: Policy, labels: tuple[str, str] = ("ref#1", "ref#2")
+) -> ReferenceJudgement:
     """Two m=1 replies: stable iff both are complete and agree for declared_min tokens."""
-    for label, sample in (("ref#1", first), ("ref#2", second)):
+    for label, sample in zip(labels, (first, second)):
         why = refusal(sample, policy.n_predict)
         if why is not None:
             return ReferenceJudgement(False, first.completion_tokens, None, f"{label}: {why}")
     agree = agreement(*intern([first.identities, second.identities]))
     if agree < policy.declared_min:
+        runs = "the two m=1 runs" if labels == ("ref#1", "ref#2") else f"m=1 runs {labels[0]} and {labels[1]}"
         why = (
-            f"the two m=1 runs part at token {agree} < declared_min {policy.declared_min}: "
+            f"{runs} part at token {agree} < declared_min {policy.declared_min}: "
             "a server that is not deterministic alone cannot be judged in batches"
         )
         return ReferenceJudgement(False, first.completion_tokens, agree, why)

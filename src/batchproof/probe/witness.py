@@ -43,6 +43,8 @@ class SlotRecord:
     logprob_max_abs_diff: float | None = None  # over the agreeing prefix
     logprobs_bitwise_equal: bool | None = None
     logprob_first_diff_at: int | None = None
+    replica: str | None = None  # the x-batchproof-replica that served it (None: the server named none)
+    reference_replica: str | None = None  # the replica of the m=1 reply it was compared with
 
     @property
     def parity(self) -> LogprobParity:
@@ -86,6 +88,7 @@ def band_record(
     slots: list[SlotRecord],
     matrix: Matrix,
     divergence_slot: int | None = 0,
+    m_formed_by_replica: dict[str, int | None] | None = None,
 ) -> dict[str, Any]:
     """One band in the witness's key order; the margin key only when the streams part."""
     record: dict[str, Any] = {
@@ -105,12 +108,14 @@ def band_record(
         "reason": judgement.reason,
         "decode_tok_s": band_rate([s.decode_tok_s for s in slots]),
     }
-    # Additions to v3: which slot the band's divergence_at is from, and logprob parity.
+    # Additions to v3: which slot the band's divergence_at is from, logprob parity, and on a
+    # fleet each replica's largest batch (null when the server's histogram names no replica).
     parity = combine([s.parity for s in slots])
     record |= {
         "divergence_slot": divergence_slot if judgement.divergence_at is not None else None,
         "logprob_max_abs_diff": parity.max_abs_diff,
         "logprobs_bitwise_equal": parity.is_bitwise_equal,
+        "m_formed_by_replica": m_formed_by_replica or None,
         "slots": [{"i": i, **asdict(s)} for i, s in enumerate(slots)],
     }
     return record
@@ -127,6 +132,7 @@ class RunRecord:
     result: Result
     unreachable: str | None = None
     references: list[dict[str, Any]] | None = None  # one per prompt, an addition to v3
+    fleet: dict[str, Any] | None = None  # the cross-replica agreement, in fleet mode (an addition)
 
 
 def prompt_set_sha256(prompts: tuple[str, ...]) -> str:
@@ -158,12 +164,14 @@ def build_witness(
         "reference": reference_record(outcome.reference),
         "bands": outcome.bands,
         "result": outcome.result,
-        # Additions to v3: how the bands were fired, and each prompt's own m=1 reference.
+        # Additions to v3: how the bands were fired, each prompt's own m=1 reference, and on a
+        # fleet (--fleet) which replicas served and whether they agree.
         "mode": "mixed" if config.is_mixed else "identical",
         "route": config.route,
         "stagger_ms": config.stagger_ms,
         "prompts": [{"i": i, "sha256": prompt_set_sha256((p,)), "chars": len(p)} for i, p in enumerate(prompts)],
         "references": outcome.references or [],
+        "fleet": outcome.fleet,
     }
 
 

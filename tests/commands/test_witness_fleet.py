@@ -1,0 +1,28 @@
+"""`batchproof witness --fleet N`: the server it starts and the probe flag it passes, without
+starting either (the end-to-end run needs Ray Serve and a model)."""
+
+import argparse
+import sys
+from pathlib import Path
+
+from batchproof.commands import witness
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    witness.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_a_fleet_witness_starts_batchproof_fleet_with_the_replicas(tmp_path: Path) -> None:
+    log = tmp_path / "batch.log"
+    command = witness.serve_command(parse("--fleet", "3", "--serve-arg=--max-batch=8"), 8123, log)
+    assert command == [sys.executable, "-m", "batchproof", "fleet", "--replicas", "3", "--port", "8123",
+                       "--log-file", str(log), "--max-batch=8"]
+    assert witness.serve_command(parse("--model", "m.gguf"), 8123, log) == [
+        sys.executable, "-m", "batchproof", "serve", "--port", "8123", "--log-file", str(log), "--model", "m.gguf"]
+
+
+def test_a_fleet_of_one_is_refused_before_anything_starts(capsys) -> None:
+    assert witness.run(parse("--fleet", "1")) == 2
+    assert "--fleet needs at least 2 replicas, got 1" in capsys.readouterr().err
