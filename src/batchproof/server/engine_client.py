@@ -12,8 +12,6 @@ from batchproof.engine.prefix_cache import PrefixCache
 from batchproof.engine.sampling_params import SamplingParams
 from batchproof.engine.tokenizer import Tokenizer
 
-REPLICA_HEADER = "x-batchproof-replica"  # on every generation reply: who computed it
-
 
 class EngineClient(Protocol):
     tokenizer: Tokenizer

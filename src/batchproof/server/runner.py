@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from batchproof.common.wire import SSE_DONE, sse
+from batchproof.common.wire import REPLICA_HEADER, SSE_DONE, sse
 from batchproof.engine.async_engine import Opened
 from batchproof.engine.sequence import RequestOutput
-from batchproof.server.engine_client import REPLICA_HEADER, Backend
+from batchproof.server.engine_client import Backend
 from batchproof.server.errors import APIError, count_mismatch
 from batchproof.server.formatting import Delta, ReplyFormatter
 from batchproof.server.merge import merge
