@@ -126,20 +126,25 @@ def test_the_rule_can_fail():
     assert "torch" in imports("engine.engine")[1]
 
 
-BLOCK_HEAVY = (
-    "import sys\n"
-    "class Block:\n"
-    "    def find_spec(self, name, path=None, target=None):\n"
-    "        if name.split('.')[0] in ('torch', 'numpy'):\n"
-    "            raise ImportError(f'{name} is blocked in this test')\n"
-    "sys.meta_path.insert(0, Block())\n"
-)
+def run_blocking(blocked: tuple[str, ...], code: str) -> str:
+    """Run `code` in a fresh interpreter where importing any of `blocked` fails -> its stdout."""
+    block = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        f"        if name.split('.')[0] in {blocked!r}:\n"
+        "            raise ImportError(f'{name} is blocked in this test')\n"
+        "sys.meta_path.insert(0, Block())\n"
+    )
+    result = subprocess.run([sys.executable, "-c", block + code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
 
 
 def test_probe_check_and_cli_run_without_torch_or_numpy():
     """At run time, with torch and numpy unimportable: the probe, the check and the CLI's
     parser (every verb's flags) load, and neither heavy module was even attempted."""
-    code = BLOCK_HEAVY + (
+    assert run_blocking(("torch", "numpy"), (
         "import pkgutil, importlib, batchproof.probe, batchproof.check, batchproof.common, batchproof.report\n"
         "import batchproof.cli\n"
         "for pkg in (batchproof.probe, batchproof.check, batchproof.common, batchproof.report):\n"
@@ -147,10 +152,7 @@ def test_probe_check_and_cli_run_without_torch_or_numpy():
         "        importlib.import_module(m.name)\n"
         "batchproof.cli.build_parser()\n"
         "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))\n"
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "[]"
+    )) == "[]"
 
 
 @pytest.mark.parametrize("module", [m for m in MODULES if layer(m) != "fleet"])
@@ -161,11 +163,8 @@ def test_only_the_fleet_imports_ray(module):
 def test_the_single_server_runs_without_ray():
     """With ray unimportable, the server app, `batchproof serve` and the CLI's flags (the fleet's
     included: its settings are plain dataclasses) load, and ray was never attempted."""
-    code = BLOCK_HEAVY.replace("('torch', 'numpy')", "('ray',)") + (
+    assert run_blocking(("ray",), (
         "import batchproof.server.app, batchproof.commands.serve, batchproof.fleet.config, batchproof.cli\n"
         "batchproof.cli.build_parser()\n"
         "print('ray' in sys.modules)\n"
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "False"
+    )) == "False"

@@ -5,23 +5,12 @@ import json
 
 from batchproof.cli import main
 from batchproof.engine.model.default_model import DEFAULT_MODEL_SHA256, default_model_path
-
-# A short protocol keeps this test quick; the full 128-token ladder runs in `batchproof witness`.
-MATRIX = """
-protocol:
-  n_predict: 24
-  sampler: {temperature: 0.0, seed: 0, ignore_eos: true}
-ladder:
-  declared: [1, 4, 8]
-witness:
-  min_agree_tokens: 16
-  max_constant_run: 16
-"""
+from tests.helpers.probe_matrix import SHORT_MATRIX
 
 
 def test_probe_passes_against_batchproof_serve(server, tmp_path, capsys):
     matrix = tmp_path / "matrix.yaml"
-    matrix.write_text(MATRIX)
+    matrix.write_text(SHORT_MATRIX)
     witness_path = tmp_path / "witness.json"
     code = main(["probe", "--url", server.url, "--server-log", str(server.log_file), "--matrix", str(matrix),
                  "--witness", str(witness_path), "--model-file", str(default_model_path()),
@@ -43,7 +32,7 @@ def test_probe_passes_against_batchproof_serve(server, tmp_path, capsys):
 
 def test_probe_reads_m_formed_from_our_histogram_without_a_log(server, tmp_path):
     matrix = tmp_path / "matrix.yaml"
-    matrix.write_text(MATRIX.replace("[1, 4, 8]", "[1, 4]").replace("n_predict: 24", "n_predict: 16"))
+    matrix.write_text(SHORT_MATRIX.replace("[1, 4, 8]", "[1, 4]").replace("n_predict: 24", "n_predict: 16"))
     witness_path = tmp_path / "witness.json"
     code = main(["probe", "--url", server.url, "--matrix", str(matrix), "--witness", str(witness_path)])
     witness = json.loads(witness_path.read_text())

@@ -18,6 +18,7 @@ from batchproof.cli import main
 from batchproof.engine.model.default_model import default_model_path
 from tests.helpers.fleet import running_fleet
 from tests.helpers.http import chat_body, parse_sse, wait_until
+from tests.helpers.probe_matrix import SHORT_MATRIX
 
 pytest.importorskip("ray.serve")
 
@@ -98,22 +99,11 @@ def test_info_health_and_metrics(fleet, server) -> None:
         assert f'batchproof_batch_size_count{{replica="{replica["id"]}"}}' in metrics
 
 
-# A short protocol keeps this test quick; `batchproof witness --fleet 2` runs the full one.
-MATRIX = """
-protocol:
-  n_predict: 24
-  sampler: {temperature: 0.0, seed: 0, ignore_eos: true}
-ladder:
-  declared: [1, 4, 8]
-witness:
-  min_agree_tokens: 16
-  max_constant_run: 16
-"""
 
 
 def test_probe_fleet_passes_and_the_witness_is_admissible(fleet, tmp_path, capsys) -> None:
     matrix, witness_path, contract = tmp_path / "matrix.yaml", tmp_path / "witness.json", tmp_path / "contract.yaml"
-    matrix.write_text(MATRIX)
+    matrix.write_text(SHORT_MATRIX)
     code = main(["probe", "--url", fleet.url, "--fleet", "--matrix", str(matrix), "--witness", str(witness_path),
                  "--model-file", str(default_model_path()), "--host", "test-host", "--commit", "0" * 40,
                  "--binary-sha256", fleet.info()["build_sha256"], "--settle", "5"])

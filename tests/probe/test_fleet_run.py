@@ -23,13 +23,15 @@ def test_a_fleet_whose_replicas_agree_passes_with_every_slot_attributed(tmp_path
     fleet = witness["fleet"]
     assert (fleet["result"], fleet["reason"], fleet["divergence"]) == ("PASS", None, None)
     # Round robin: the m=1 phase stops once each replica has answered alone twice (4 requests),
-    # then c=1 goes to r0 and c=4 to r1, r0, r1, r0.
+    # then c=1 goes to r0 and c=4 to r1, r0, r1, r0 in arrival order (which slot arrives first
+    # is the machine's business: only the counts are fixed).
     assert len(server.state.requests) == 4 + 1 + 4
     assert fleet["replicas"] == [{"id": "r0", "alone": 2, "slots": 3, "numerics_id": "fake-numerics"},
                                  {"id": "r1", "alone": 2, "slots": 2, "numerics_id": "fake-numerics"}]
     assert (fleet["num_replicas"], fleet["unserved"], fleet["headerless"]) == (2, [], 0)
     assert (fleet["pairs_compared"], fleet["pairs_diverged"]) == (1, 0)
-    assert [s["replica"] for s in slots(witness)] == ["r0", "r1", "r0", "r1", "r0"]
+    one_slots, four_slots = ([s["replica"] for s in band["slots"]] for band in witness["bands"])
+    assert one_slots == ["r0"] and sorted(four_slots) == ["r0", "r0", "r1", "r1"]
     # Each slot is compared with its own replica's m=1 reply.
     assert all(s["reference_replica"] == s["replica"] for s in slots(witness))
     assert [(r["replicas"], r["stable"]) for r in witness["references"]] == [(["r0", "r0"], True),
@@ -43,7 +45,7 @@ def test_a_fleet_whose_replicas_agree_passes_with_every_slot_attributed(tmp_path
     out = capsys.readouterr().out
     assert "  fleet: PASS, 2 replicas: r0 (2 alone, 3 slots), r1 (2 alone, 2 slots)" in out
     assert "    cross-replica divergence: none (1 pair compared, bitwise)" in out
-    assert "replicas=r1:2(m=2), r0:2(m=2)" in out
+    assert "replicas=r0:2(m=2), r1:2(m=2)" in out
     assert check_probe_witness(tmp_path, witness) == (0, [])
 
 

@@ -96,7 +96,7 @@ def test_a_fleet_run_shows_who_served_each_band_and_whether_the_replicas_agree()
     slots = [{"i": i, "replica": r} for i, r in enumerate(["b", "a", "b", "a"])]
     band = {**BAND, "c": 4, "m_formed": 2, "result": "PASS", "reason": None, "slots": slots,
             "m_formed_by_replica": {"a": 2, "b": None}}
-    assert band_line(band, is_fleet=True).endswith(" decode=- tok/s replicas=b:2, a:2(m=2)")
+    assert band_line(band, is_fleet=True).endswith(" decode=- tok/s replicas=a:2(m=2), b:2")
     assert "replicas=" not in band_line(band)
     unnamed = {**band, "slots": [{"i": 0, "replica": None}], "m_formed_by_replica": None}
     assert band_line(unnamed, is_fleet=True).endswith(" replicas=(unnamed):1")

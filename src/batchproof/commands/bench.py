@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 DEFAULT_PROMPT = "Write an essay on compilers."
@@ -351,29 +352,28 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_prefix_cache(args: argparse.Namespace) -> int:
-    from batchproof.commands import prefix_cache_bench
-
+def _side_bench(args: argparse.Namespace, key: str, measure: Callable[[], dict], report: Callable[[dict], None]
+                ) -> int:
+    """A bench of its own servers (the prefix cache's, the fleet's): measure, print, save."""
     try:
-        figures = prefix_cache_bench.measure(args, start_server, served_model)
+        figures = measure()
     except RuntimeError as e:
         print(f"batchproof bench: {e}", file=sys.stderr)
         return 1
-    prefix_cache_bench.report(figures)
+    report(figures)
     if args.json:
-        args.json.write_text(json.dumps({"prefix_cache": figures}, indent=1, default=str) + "\n")
+        args.json.write_text(json.dumps({key: figures}, indent=1, default=str) + "\n")
     return 0
+
+
+def run_prefix_cache(args: argparse.Namespace) -> int:
+    from batchproof.commands import prefix_cache_bench
+
+    return _side_bench(args, "prefix_cache", lambda: prefix_cache_bench.measure(args, start_server, served_model),
+                       prefix_cache_bench.report)
 
 
 def run_fleet(args: argparse.Namespace) -> int:
     from batchproof.commands import fleet_bench
 
-    try:
-        figures = fleet_bench.measure(args)
-    except RuntimeError as e:
-        print(f"batchproof bench: {e}", file=sys.stderr)
-        return 1
-    fleet_bench.report(figures)
-    if args.json:
-        args.json.write_text(json.dumps({"fleet": figures}, indent=1, default=str) + "\n")
-    return 0
+    return _side_bench(args, "fleet", lambda: fleet_bench.measure(args), fleet_bench.report)

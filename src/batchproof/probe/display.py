@@ -89,7 +89,7 @@ def served_by(band: dict[str, Any]) -> str:
     largest = band.get("m_formed_by_replica") or {}
     return ", ".join(
         f"{replica}:{n}" + (f"(m={largest[replica]})" if largest.get(replica) is not None else "")
-        for replica, n in counts.items()
+        for replica, n in sorted(counts.items())  # by id: the slots' arrival order is the network's
     )
 
 
