@@ -91,16 +91,6 @@ static float dot8_scalar(const float *a, const float *b, int64_t K) {
 }
 
 #ifdef BP_X86
-/* sum8's tree: adding the halves gives lane l plus lane l + 4, movehl adds the pairs (0, 2)
- * and (1, 3), the shuffle adds the last two. */
-__attribute__((target("avx2,fma")))
-static inline float hsum_avx2(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    return _mm_cvtss_f32(s);
-}
-
 /* Lanes k..k+7 of a row of n: all-ones where k + lane < n (the row's tail is masked). */
 __attribute__((target("avx2,fma")))
 static inline __m256i tail_mask_avx2(int64_t k, int64_t n) {
@@ -170,18 +160,24 @@ void tile_ymm_body(const float *x, const float *w, float *y, int64_t K, int64_t 
         for (int j = 0; j < nt; j++) y[i * N + j] = hsum_avx2(acc[i][j]);
 }
 
+/* Full tiles get the body inlined with constant mt and nt (accumulators in registers); the
+ * edges get it with variable ones. A macro, since each ISA's function must inline it under
+ * its own target attribute. */
+#define TILE_YMM_DISPATCH                                                       \
+    if (nt == NT) {                                                             \
+        switch (mt) {                                                           \
+        case 4: tile_ymm_body(x, w, y, K, N, 4, NT, next_w); return;            \
+        case 3: tile_ymm_body(x, w, y, K, N, 3, NT, next_w); return;            \
+        case 2: tile_ymm_body(x, w, y, K, N, 2, NT, next_w); return;            \
+        case 1: tile_ymm_body(x, w, y, K, N, 1, NT, next_w); return;            \
+        }                                                                       \
+    }                                                                           \
+    tile_ymm_body(x, w, y, K, N, mt, nt, next_w)
+
 __attribute__((target("avx2,fma")))
 static void tile_avx2(const float *x, const float *w, float *y, int64_t K, int64_t N, int mt, int nt,
                       const float *next_w) {
-    if (nt == NT) {
-        switch (mt) {
-        case 4: tile_ymm_body(x, w, y, K, N, 4, NT, next_w); return;
-        case 3: tile_ymm_body(x, w, y, K, N, 3, NT, next_w); return;
-        case 2: tile_ymm_body(x, w, y, K, N, 2, NT, next_w); return;
-        case 1: tile_ymm_body(x, w, y, K, N, 1, NT, next_w); return;
-        }
-    }
-    tile_ymm_body(x, w, y, K, N, mt, nt, next_w);
+    TILE_YMM_DISPATCH;
 }
 
 /* The same source compiled for AVX-512: still 8-lane (ymm) FMAs, since 16-lane
@@ -190,15 +186,7 @@ static void tile_avx2(const float *x, const float *w, float *y, int64_t K, int64
 __attribute__((target("avx2,fma,avx512f,avx512vl")))
 static void tile_avx512(const float *x, const float *w, float *y, int64_t K, int64_t N, int mt, int nt,
                         const float *next_w) {
-    if (nt == NT) {
-        switch (mt) {
-        case 4: tile_ymm_body(x, w, y, K, N, 4, NT, next_w); return;
-        case 3: tile_ymm_body(x, w, y, K, N, 3, NT, next_w); return;
-        case 2: tile_ymm_body(x, w, y, K, N, 2, NT, next_w); return;
-        case 1: tile_ymm_body(x, w, y, K, N, 1, NT, next_w); return;
-        }
-    }
-    tile_ymm_body(x, w, y, K, N, mt, nt, next_w);
+    TILE_YMM_DISPATCH;
 }
 #endif
 

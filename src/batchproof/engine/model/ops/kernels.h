@@ -9,6 +9,20 @@
 #define MT 4 /* rows of x per tile */
 #define NT 4 /* rows of w (outputs) per tile */
 
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+
+/* sum8's tree (kernels.c) in vector registers: adding the halves gives lane l plus lane
+ * l + 4, movehl adds the pairs (0, 2) and (1, 3), the shuffle adds the last two. */
+__attribute__((target("avx2,fma")))
+static inline float hsum_avx2(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+#endif
+
 typedef void (*tile_fn)(const float *, const float *, float *, int64_t, int64_t, int, int, const float *);
 
 /* The tile of the instruction set in use (AVX-512, AVX2 or portable C): each adds the

@@ -91,6 +91,28 @@ int64_t bp_block_elems(int type) {
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 
+/* f16() with F16C's one instruction: the same float for every half but a NaN, whose payload
+ * the instruction may quieten, so a NaN takes f16()'s way. The unpacking loops spent more
+ * time converting each block's scales bit by bit than unpacking its 32 weights. */
+__attribute__((target("f16c")))
+static inline float f16_fast(const uint8_t *p) {
+    uint16_t h = (uint16_t)(p[0] | (p[1] << 8));
+    if ((h & 0x7C00) == 0x7C00 && (h & 0x3FF)) return f16(p);
+    return _cvtsh_ss(h);
+}
+
+/* Q8_0 with AVX2: each signed byte converted, times d, as the scalar loop, eight at a time. */
+__attribute__((target("avx2,f16c")))
+static void dequant_q8_avx2(const uint8_t *src, int64_t num_blocks, float *dst) {
+    for (int64_t b = 0; b < num_blocks; b++, src += 34, dst += 32) {
+        const __m256 d = _mm256_set1_ps(f16_fast(src));
+        for (int e = 0; e < 4; e++) {
+            __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(src + 2 + 8 * e)));
+            _mm256_storeu_ps(dst + 8 * e, _mm256_mul_ps(_mm256_cvtepi32_ps(q), d));
+        }
+    }
+}
+
 /* Q4_0 / Q4_1 with AVX2: the same operations as the scalar loop below (the nibble, less 8
  * for Q4_0, converted, times d, plus m for Q4_1), eight at a time. */
 __attribute__((target("avx2,f16c")))
@@ -99,7 +121,7 @@ static void dequant_q4_avx2(const uint8_t *src, int64_t num_blocks, int has_min,
     const __m128i low = _mm_set1_epi8(0x0F);
     const __m256i eight = _mm256_set1_epi32(8);
     for (int64_t b = 0; b < num_blocks; b++, src += bytes, dst += 32) {
-        const __m256 d = _mm256_set1_ps(f16(src)), m = _mm256_set1_ps(has_min ? f16(src + 2) : 0.0f);
+        const __m256 d = _mm256_set1_ps(f16_fast(src)), m = _mm256_set1_ps(has_min ? f16_fast(src + 2) : 0.0f);
         const __m128i qs = _mm_loadu_si128((const __m128i *)(src + (has_min ? 4 : 2)));
         const __m128i nibbles[2] = {_mm_and_si128(qs, low), _mm_and_si128(_mm_srli_epi16(qs, 4), low)};
         for (int h = 0; h < 2; h++)
@@ -126,7 +148,7 @@ static void dequant_q5_avx2(const uint8_t *src, int64_t num_blocks, int has_min,
     const __m256i one = _mm256_set1_epi32(1), sixteen = _mm256_set1_epi32(16);
     const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     for (int64_t b = 0; b < num_blocks; b++, src += bytes, dst += 32) {
-        const __m256 d = _mm256_set1_ps(f16(src)), m = _mm256_set1_ps(has_min ? f16(src + 2) : 0.0f);
+        const __m256 d = _mm256_set1_ps(f16_fast(src)), m = _mm256_set1_ps(has_min ? f16_fast(src + 2) : 0.0f);
         const __m256i qh = _mm256_set1_epi32((int)u32le(src + (has_min ? 4 : 2)));
         const __m128i qs = _mm_loadu_si128((const __m128i *)(src + (has_min ? 8 : 6)));
         const __m128i nibbles[2] = {_mm_and_si128(qs, low), _mm_and_si128(_mm_srli_epi16(qs, 4), low)};
@@ -225,6 +247,12 @@ static void dequant_row(const uint8_t *restrict src, int type, int64_t K, float 
         return;
     }
     case T_Q8_0:
+#if defined(__x86_64__) || defined(_M_X64)
+        if (bp_isa_level() >= 1) {
+            dequant_q8_avx2(src, K / 32, dst);
+            return;
+        }
+#endif
         for (int64_t b = 0; b < K / 32; b++, src += 34, dst += 32) {
             const float d = f16(src);
             const int8_t *restrict qs = (const int8_t *)(src + 2);
