@@ -83,10 +83,9 @@ class EngineReplica:
 
     def report(self) -> dict:
         info = self.engine.info()
-        buckets = [(float(sample.labels["le"]), sample.value) for metric in self.metrics.batch_size.collect()
-                   for sample in metric.samples if sample.name.endswith("_bucket")]
-        total = sum(sample.value for metric in self.metrics.batch_size.collect()
-                    for sample in metric.samples if sample.name.endswith("_sum"))
+        samples = [sample for metric in self.metrics.batch_size.collect() for sample in metric.samples]
+        buckets = [(float(s.labels["le"]), s.value) for s in samples if s.name.endswith("_bucket")]
+        total = sum(s.value for s in samples if s.name.endswith("_sum"))
         return {**self._facts, "decode_path": info["decode_path"], "numerics_id": numerics_id(info),
                 "engine": info, "num_waiting": self.async_engine.num_waiting,
                 "num_running": self.async_engine.num_running, "num_free_slots": self.async_engine.num_free_slots,
