@@ -164,12 +164,17 @@ void tile_ymm_body(const float *x, const float *w, float *y, int64_t K, int64_t 
  * edges get it with variable ones. A macro, since each ISA's function must inline it under
  * its own target attribute. */
 #define TILE_YMM_DISPATCH                                                       \
-    if (nt == NT) {                                                             \
+    if (nt == NT && mt <= 2) {                                                  \
+        if (mt == 2) tile_ymm_body(x, w, y, K, N, 2, NT, next_w);              \
+        else tile_ymm_body(x, w, y, K, N, 1, NT, next_w);                      \
+        return;                                                                 \
+    }                                                                           \
+    if (nt == NT_BATCH) {                                                       \
         switch (mt) {                                                           \
-        case 4: tile_ymm_body(x, w, y, K, N, 4, NT, next_w); return;            \
-        case 3: tile_ymm_body(x, w, y, K, N, 3, NT, next_w); return;            \
-        case 2: tile_ymm_body(x, w, y, K, N, 2, NT, next_w); return;            \
-        case 1: tile_ymm_body(x, w, y, K, N, 1, NT, next_w); return;            \
+        case 4: tile_ymm_body(x, w, y, K, N, 4, NT_BATCH, next_w); return;      \
+        case 3: tile_ymm_body(x, w, y, K, N, 3, NT_BATCH, next_w); return;      \
+        case 2: tile_ymm_body(x, w, y, K, N, 2, NT_BATCH, next_w); return;      \
+        case 1: tile_ymm_body(x, w, y, K, N, 1, NT_BATCH, next_w); return;      \
         }                                                                       \
     }                                                                           \
     tile_ymm_body(x, w, y, K, N, mt, nt, next_w)
@@ -212,13 +217,14 @@ tile_fn bp_pick_tile(void) {
 void bp_linear_f32(const float *x, const float *w, const float *b, float *y, int64_t M, int64_t N, int64_t K,
                    int accumulate, int num_threads) {
     tile_fn tile = bp_pick_tile();
-    int64_t num_tiles = (N + NT - 1) / NT;
+    const int width = bp_tile_width(M);
+    int64_t num_tiles = (N + width - 1) / width;
     /* Threads split outputs, never K: each output is summed by exactly one thread. */
 #pragma omp parallel for schedule(static) num_threads(num_threads)
     for (int64_t t = 0; t < num_tiles; t++) {
-        int64_t n = t * NT;
-        int nt = (int)(N - n < NT ? N - n : NT);
-        const float *next_w = w + (t + 1 < num_tiles ? n + NT : n) * K;
+        int64_t n = t * width;
+        int nt = (int)(N - n < width ? N - n : width);
+        const float *next_w = w + (t + 1 < num_tiles ? n + width : n) * K;
         float sums[MT * NT];
         for (int64_t m = 0; m < M; m += MT) {
             int mt = (int)(M - m < MT ? M - m : MT);

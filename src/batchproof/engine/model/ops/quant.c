@@ -10,7 +10,7 @@
  * therefore gives bitwise the float32 path's result, at any row count, and on any host:
  * a dequantized weight is the same float whichever path (AVX2 or portable) unpacked it.
  *
- * Speed: a thread dequantizes NT weight rows into a small buffer that stays in L1/L2 and
+ * Speed: a thread dequantizes a tile of weight rows into a small buffer that stays in L1/L2 and
  * runs every row tile of x against it, so a decode step reads each quantized byte once
  * (98 MB a step for the default model instead of 540) and a prefill dequantizes each
  * weight once for all the prompt's rows.
@@ -317,7 +317,8 @@ void bp_dequant_rows(const uint8_t *w, int type, int64_t row_bytes, int64_t K, c
 void bp_linear_q(const float *x, const uint8_t *w, int type, int64_t row_bytes, const float *b, float *y,
                  int64_t ldy, int64_t M, int64_t N, int64_t K, int accumulate, int num_threads) {
     tile_fn tile = bp_pick_tile();
-    int64_t num_tiles = (N + NT - 1) / NT;
+    const int width = bp_tile_width(M);
+    int64_t num_tiles = (N + width - 1) / width;
 #pragma omp parallel num_threads(num_threads)
     {
         float *buf = aligned_alloc(64, (size_t)((NT * K * 4 + 63) / 64 * 64));
@@ -325,11 +326,12 @@ void bp_linear_q(const float *x, const uint8_t *w, int type, int64_t row_bytes, 
         /* Threads split outputs, never K: each output is summed by exactly one thread. */
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < num_tiles; t++) {
-            int64_t n = t * NT;
-            int nt = (int)(N - n < NT ? N - n : NT);
+            int64_t n = t * width;
+            int nt = (int)(N - n < width ? N - n : width);
             if (t + 1 < num_tiles) /* the next tile's bytes, on their way to L2 meanwhile */
-                for (int64_t off = 0; off < NT * row_bytes && (n + NT) * row_bytes + off < N * row_bytes; off += 64)
-                    __builtin_prefetch(w + (n + NT) * row_bytes + off, 0, 2);
+                for (int64_t off = 0; off < width * row_bytes && (n + width) * row_bytes + off < N * row_bytes;
+                     off += 64)
+                    __builtin_prefetch(w + (n + width) * row_bytes + off, 0, 2);
             for (int j = 0; j < nt; j++) dequant_row(w + (n + j) * row_bytes, type, K, buf + j * K);
             for (int64_t m = 0; m < M; m += MT) {
                 int mt = (int)(M - m < MT ? M - m : MT);
