@@ -174,28 +174,37 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
+def healthy(url: str) -> bool:
+    import httpx
+
+    return httpx.get(f"{url}/health", timeout=5).status_code == 200
+
+
+def start_batchproof(command: list[str], ready: Callable[[str], bool] = healthy, timeout_s: float = 120
+                     ) -> tuple[subprocess.Popen, str]:
+    """`batchproof <command> --port P` in its own process, once `ready(url)` -> (process, url)."""
     import httpx
 
     port = _free_port()
-    command = [sys.executable, "-m", "batchproof", "serve", "--port", str(port), *args.serve_arg]
-    if args.model:
-        command += ["--model", str(args.model)]
     log = tempfile.NamedTemporaryFile(prefix="batchproof-bench-", suffix=".log", delete=False)
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    process = subprocess.Popen([sys.executable, "-m", "batchproof", *command, "--port", str(port)], stdout=log,
+                               stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and process.poll() is None:
         try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+            if ready(url):
                 return process, url
         except httpx.HTTPError:
             pass
-        if process.poll() is not None:
-            break
         time.sleep(0.2)
     process.kill()
-    raise RuntimeError(f"batchproof serve did not become healthy; see {log.name}")
+    raise RuntimeError(f"batchproof {' '.join(command)} did not come up; see {log.name}")
+
+
+def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
+    model = ["--model", str(args.model)] if args.model else []
+    return start_batchproof(["serve", *args.serve_arg, *model])
 
 
 def _peak_rss_mb(pid: int) -> float | None:

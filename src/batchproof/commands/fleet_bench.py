@@ -16,8 +16,6 @@ import asyncio
 import signal
 import statistics
 import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,34 +25,11 @@ import httpx
 PROMPT = "Write a short story about a lighthouse keeper."
 
 
-def _start(command: list[str], ready: Callable[[str], bool], timeout_s: float = 300
-           ) -> tuple[subprocess.Popen, str]:
-    from batchproof.commands.bench import _free_port
-
-    port = _free_port()
-    log = tempfile.NamedTemporaryFile(prefix="batchproof-fleet-bench-", suffix=".log", delete=False)
-    process = subprocess.Popen([sys.executable, "-m", "batchproof", *command, "--port", str(port)], stdout=log,
-                               stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and process.poll() is None:
-        try:
-            if ready(url):
-                return process, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    process.kill()
-    raise RuntimeError(f"{' '.join(command)} did not come up; see {log.name}")
-
-
-def _healthy(url: str) -> bool:
-    return httpx.get(f"{url}/health", timeout=5).status_code == 200
-
-
 def _fleet_ready(replicas: int) -> Callable[[str], bool]:
+    from batchproof.commands.bench import healthy
+
     def ready(url: str) -> bool:
-        if not _healthy(url):
+        if not healthy(url):
             return False
         listed = httpx.get(f"{url}/v1/server_info", timeout=5).json()["fleet"]["replicas"]
         return sum(r["alive"] for r in listed) == replicas
@@ -115,17 +90,17 @@ def _latency(url: str, body: dict, repeats: int) -> float:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    from batchproof.commands.bench import _peak_rss_mb, http_decode_rate
+    from batchproof.commands.bench import _peak_rss_mb, http_decode_rate, start_batchproof
 
     model = ["--model", str(args.model)] if args.model else []
     started: list[subprocess.Popen] = []
     try:
-        serve2, serve2_url = _start(["serve", "--num-threads", "2", *model], _healthy)
+        serve2, serve2_url = start_batchproof(["serve", "--num-threads", "2", *model])
         started.append(serve2)
-        serve1, serve1_url = _start(["serve", "--num-threads", "1", *model], _healthy)
+        serve1, serve1_url = start_batchproof(["serve", "--num-threads", "1", *model])
         started.append(serve1)
-        fleet, fleet_url = _start(["fleet", "--replicas", "2", "--threads-per-replica", "1", *model],
-                                  _fleet_ready(2))
+        fleet, fleet_url = start_batchproof(["fleet", "--replicas", "2", "--threads-per-replica", "1", *model],
+                                            _fleet_ready(2), timeout_s=300)
         started.append(fleet)
         body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 64, "temperature": 0,
                 "ignore_eos": True, "logprobs": True, "top_logprobs": 2}
