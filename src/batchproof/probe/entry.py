@@ -30,6 +30,11 @@ class Entry:
     def top2_margin(self) -> float | None:
         return top2_margin(self.top_logprobs)
 
+    @property
+    def logprob_vector(self) -> tuple[float | None, ...]:
+        """Its logprob, then its alternatives', as logprob parity compares them."""
+        return (self.logprob, *self.top_logprobs)
+
 
 def top2_margin(logprobs: tuple[float | None, ...] | list[float | None]) -> float | None:
     """Largest minus second largest finite logprob; None with fewer than two."""

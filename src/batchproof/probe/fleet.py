@@ -91,16 +91,12 @@ class Divergence:
     logprob_max_abs_diff: float | None  # over the agreeing tokens
 
 
-def _vectors(entries: Sequence[Entry]) -> list[tuple[float | None, ...]]:
-    return [(e.logprob, *e.top_logprobs) for e in entries]
-
-
 def pair_divergence(prompt: int, a: str, b: str, first: Sequence[Entry], second: Sequence[Entry]) -> Divergence | None:
     """The first token where two replies differ, in identity or in any logprob (bitwise, as the
     probe compares logprobs with m=1), or None when they are equal throughout."""
     ids_a, ids_b = intern([[e.identity for e in first], [e.identity for e in second]])
     agree = agreement(ids_a, ids_b)
-    parity = compare(_vectors(first), _vectors(second), agree)
+    parity = compare([e.logprob_vector for e in first], [e.logprob_vector for e in second], agree)
     parted = agree < min(len(first), len(second))
     if parity.first_diff_at is not None:
         at, kind = parity.first_diff_at, "logprob"
@@ -118,7 +114,7 @@ def pair_divergence(prompt: int, a: str, b: str, first: Sequence[Entry], second:
         token_index=at,
         kind=kind,
         tokens=(ea.token if ea else "", eb.token if eb else ""),
-        logprobs=(list(_vectors([ea])[0]) if ea else [], list(_vectors([eb])[0]) if eb else []),
+        logprobs=(list(ea.logprob_vector) if ea else [], list(eb.logprob_vector) if eb else []),
         top2_margins=(ea.top2_margin if ea else None, eb.top2_margin if eb else None),
         tokens_agree_to=agree,
         logprob_max_abs_diff=parity.max_abs_diff,

@@ -225,7 +225,7 @@ def _unreachable(served_model: str | None, why: str) -> RunRecord:
     return RunRecord(None, served_model, reference, [], "UNMEASURABLE", unreachable=why)
 
 
-def _references_label(num_prompts: int, is_fleet: bool) -> str:
+def _references_label(num_prompts: int, is_fleet: bool = False) -> str:
     label = "m=1 reference" if num_prompts == 1 else f"m=1 references ({num_prompts} prompts)"
     return f"{label}, each replica twice (at most)" if is_fleet else label
 
@@ -233,7 +233,7 @@ def _references_label(num_prompts: int, is_fleet: bool) -> str:
 def _reference_line(reference: ReferenceJudgement, num_prompts: int, alone: list[list[StreamResult]] | None) -> str:
     state = "stable" if reference.is_stable else "NOT STABLE"
     why = f" ({reference.reason})" if reference.reason else ""
-    label = "m=1 reference" if num_prompts == 1 else f"m=1 references ({num_prompts} prompts)"
+    label = _references_label(num_prompts)
     served = ""
     if alone is not None:
         counts = Counter(run.replica or "(unnamed)" for runs in alone for run in runs)

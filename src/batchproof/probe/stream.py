@@ -47,7 +47,7 @@ class StreamResult:
 
     def logprob_vectors(self) -> list[tuple[float | None, ...]]:
         """Per token: its logprob, then its alternatives', as logprob parity compares them."""
-        return [(entry.logprob, *entry.top_logprobs) for entry in self.entries]
+        return [entry.logprob_vector for entry in self.entries]
 
     def feed(self, chunk: Any, arrival: float) -> None:
         """Take one parsed `data:` chunk that arrived `arrival` seconds after the POST."""
