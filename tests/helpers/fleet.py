@@ -4,7 +4,6 @@ replicas, the ingress on loopback), as a user starts it."""
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+
+from batchproof.common.net import free_port
 
 START_TIMEOUT_S = 300  # Ray's start and N model loads on two busy cores
 
@@ -28,12 +29,6 @@ class Fleet:
 
     def alive_replicas(self) -> list[dict]:
         return [r for r in self.info()["fleet"]["replicas"] if r["alive"]]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager

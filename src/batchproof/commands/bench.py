@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from batchproof.common.net import free_port
+
 DEFAULT_PROMPT = "Write an essay on compilers."
 LONG_PROMPT = ("Summarise the following notes on compilers in one sentence. " + "Compilers translate programs "
                "written in one language into another, checking them, optimising them and emitting code. " * 30)
@@ -168,12 +170,6 @@ def single_stream(measurements: dict, repeats: int) -> dict:
     return {label: {"median": _median(values), "runs": values} for label, values in runs.items()}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def healthy(url: str) -> bool:
     import httpx
 
@@ -185,7 +181,7 @@ def start_batchproof(command: list[str], ready: Callable[[str], bool] = healthy,
     """`batchproof <command> --port P` in its own process, once `ready(url)` -> (process, url)."""
     import httpx
 
-    port = _free_port()
+    port = free_port()
     log = tempfile.NamedTemporaryFile(prefix="batchproof-bench-", suffix=".log", delete=False)
     process = subprocess.Popen([sys.executable, "-m", "batchproof", *command, "--port", str(port)], stdout=log,
                                stderr=subprocess.STDOUT)

@@ -3,7 +3,6 @@
 
 import argparse
 import json
-import socket
 import subprocess
 import sys
 import tempfile
@@ -13,6 +12,7 @@ from pathlib import Path
 
 from batchproof.commands import check as check_verb
 from batchproof.commands import probe as probe_verb
+from batchproof.common.net import free_port
 
 DEFAULT_OUT = Path("witness.json")
 HEALTHY_WITHIN_S = {"serve": 180, "fleet": 600}  # a fleet starts Ray, then loads the model once per replica
@@ -28,12 +28,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fleet", type=int, metavar="N",
                         help="serve with `batchproof fleet --replicas N` (Ray Serve: pip install -e '.[fleet]') and "
                              "probe it with --fleet, so the witness also shows the replicas agree")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def serve_command(args: argparse.Namespace, port: int, server_log: Path) -> list[str]:
@@ -86,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     workdir = Path(tempfile.mkdtemp(prefix="batchproof-witness-"))
     server_log, stderr_log = workdir / "batch.log", workdir / "serve.log"
-    port = _free_port()
+    port = free_port()
     command = serve_command(args, port, server_log)
     verb = "fleet" if args.fleet is not None else "serve"
     url = f"http://127.0.0.1:{port}"
