@@ -49,15 +49,20 @@ const char *bp_numerics_version(void) { return NUMERICS_VERSION; }
 
 static int isa_cap = 2; /* lowered by tests, to run the AVX2 and portable paths here too */
 
+static int detected_level = -1; /* the CPU's, found once (the matmuls ask per call) */
+
 static int isa_level(void) {
-    int level = 0;
+    if (detected_level < 0) {
+        int level = 0;
 #ifdef BP_X86
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) level = 2;
-    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
-        level = 1;
+        __builtin_cpu_init();
+        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) level = 2;
+        else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+            level = 1;
 #endif
-    return level < isa_cap ? level : isa_cap;
+        detected_level = level; /* threads racing here all write the same value */
+    }
+    return detected_level < isa_cap ? detected_level : isa_cap;
 }
 
 void bp_cap_isa_level(int cap) { isa_cap = cap; }

@@ -169,6 +169,127 @@ static void dequant_q5_avx2(const uint8_t *src, int64_t num_blocks, int has_min,
             }
     }
 }
+
+/* ---- one or two rows of x: blocks dequantized in registers, straight into the FMAs ----
+ *
+ * A decode step multiplies one or two rows, so dequantizing a tile into a buffer and
+ * reading it back (the path below) costs a store and a load per weight besides the
+ * unpacking, for one or two FMAs. Here each block's 32 weights are unpacked into four
+ * registers and used at once. The weights are the same floats: d * q is exact in float32
+ * (an f16 scale has 11 significant bits, q at most 8), so fma(d, q, m) rounds d * q + m
+ * once, as d * q + m does; and each output's accumulator still takes its terms 8 at a
+ * time in increasing k, then the tree of sum8: the float tile's sum, bit for bit.
+ *
+ * An f16 scale comes from a table built with f16() (so a NaN keeps its payload), which
+ * costs two loads where the conversion cost a dozen instructions per block. */
+static float f16_table[65536];
+
+__attribute__((constructor)) static void fill_f16_table(void) {
+    for (uint32_t h = 0; h < 65536; h++) {
+        const uint8_t bytes[2] = {(uint8_t)h, (uint8_t)(h >> 8)};
+        f16_table[h] = f16(bytes);
+    }
+}
+
+static inline const float *f16_at(const uint8_t *p) { return f16_table + (p[0] | (p[1] << 8)); }
+
+#define PREFETCH_TILES 1
+#define QW 8 /* outputs per fused tile with one row of x: 8 accumulators hide the FMA latency */
+
+static inline __attribute__((always_inline, target("avx2,fma")))
+void qtile_body(const float *x, const uint8_t *w, int64_t row_bytes, const int type, float *sums, int64_t K,
+                const int mt, const int nt, const uint8_t *prefetch) {
+    __m256 acc[2][QW];
+    for (int i = 0; i < mt; i++)
+        for (int j = 0; j < nt; j++) acc[i][j] = _mm256_setzero_ps();
+    const int bytes = type == T_Q4_1 ? 20 : type == T_Q4_0 ? 18 : 34;
+    const __m256i low = _mm256_set1_epi32(0x0F), eight = _mm256_set1_epi32(8);
+    for (int64_t b = 0; b < K / 32; b++) {
+        const float *xb = x + 32 * b;
+#pragma GCC unroll 8 /* fully: the accumulators must stay in registers */
+        for (int j = 0; j < nt; j++) {
+            const uint8_t *blk = w + j * row_bytes + b * bytes;
+            /* The tile after next, a line per block and row: this tile's rows are read side
+             * by side, which the hardware prefetcher follows badly. (Running past it, or
+             * past the weight's end, is harmless: a prefetch never faults.) */
+            _mm_prefetch((const char *)(prefetch + (b * nt + j) * 64), _MM_HINT_T0);
+            const __m256 d = _mm256_broadcast_ss(f16_at(blk));
+            if (type == T_Q8_0) {
+#pragma GCC unroll 4
+                for (int c = 0; c < 4; c++) {
+                    const __m256 wc = _mm256_mul_ps(
+                        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * c)))), d);
+                    for (int i = 0; i < mt; i++)
+                        acc[i][j] = _mm256_fmadd_ps(_mm256_loadu_ps(xb + i * K + 8 * c), wc, acc[i][j]);
+                }
+                continue;
+            }
+            const uint8_t *qs = blk + (type == T_Q4_1 ? 4 : 2);
+            const __m256 m = type == T_Q4_1 ? _mm256_broadcast_ss(f16_at(blk + 2)) : d;
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                /* bytes 0..7 (c = 0, 2) or 8..15 (c = 1, 3); low nibbles are weights 0..15, high
+                 * ones 16..31 */
+                __m256i qc = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8 * (c & 1))));
+                qc = c < 2 ? _mm256_and_si256(qc, low) : _mm256_srli_epi32(qc, 4);
+                const __m256 wc = type == T_Q4_1 ? _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(qc), m)
+                                                 : _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(qc, eight)));
+                for (int i = 0; i < mt; i++)
+                    acc[i][j] = _mm256_fmadd_ps(_mm256_loadu_ps(xb + i * K + 8 * c), wc, acc[i][j]);
+            }
+        }
+    }
+    for (int i = 0; i < mt; i++)
+        for (int j = 0; j < nt; j++) sums[i * QW + j] = hsum_avx2(acc[i][j]);
+}
+
+/* Constant type, row count and (for full tiles) width, so each case keeps its
+ * accumulators in registers; a macro, since each ISA's function must inline the body
+ * under its own target. */
+#define QTILE_DISPATCH(TYPE)                                                                  \
+    if (mt == 1 && nt == QW) qtile_body(x, w, row_bytes, TYPE, sums, K, 1, QW, prefetch);              \
+    else if (mt == 2 && nt == QW / 2) qtile_body(x, w, row_bytes, TYPE, sums, K, 2, QW / 2, prefetch); \
+    else qtile_body(x, w, row_bytes, TYPE, sums, K, mt, nt, prefetch)
+
+#define QTILE_FN(NAME, TARGET)                                                                              \
+    __attribute__((target(TARGET))) static void NAME(const float *x, const uint8_t *w, int64_t row_bytes, \
+                                                     int type, float *sums, int64_t K, int mt, int nt,     \
+                                                     const uint8_t *prefetch) {                            \
+        switch (type) {                                                                                     \
+        case T_Q4_0: QTILE_DISPATCH(T_Q4_0); return;                                                        \
+        case T_Q4_1: QTILE_DISPATCH(T_Q4_1); return;                                                        \
+        default: QTILE_DISPATCH(T_Q8_0); return;                                                            \
+        }                                                                                                   \
+    }
+
+QTILE_FN(qtile_avx2, "avx2,fma")
+/* AVX-512 hosts run the same 8-lane code, with 32 registers. */
+QTILE_FN(qtile_avx512, "avx2,fma,avx512f,avx512vl")
+
+/* y[:, 0:N] (+)= x @ w^T (+ b) for M <= 2 rows and a Q4_0 / Q4_1 / Q8_0 weight. */
+static void linear_q_fused(const float *x, const uint8_t *w, int type, int64_t row_bytes, const float *b, float *y,
+                           int64_t ldy, int64_t M, int64_t N, int64_t K, int accumulate, int num_threads) {
+    void (*tile)(const float *, const uint8_t *, int64_t, int, float *, int64_t, int, int, const uint8_t *) =
+        bp_isa_level() >= 2 ? qtile_avx512 : qtile_avx2;
+    const int width = M == 1 ? QW : QW / 2;
+    const int64_t num_tiles = (N + width - 1) / width;
+    /* Threads split outputs, never K: each output is summed by exactly one thread. */
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t t = 0; t < num_tiles; t++) {
+        const int64_t n = t * width;
+        const int nt = (int)(N - n < width ? N - n : width);
+        float sums[2 * QW];
+        const int64_t next = n + PREFETCH_TILES * width < N ? n + PREFETCH_TILES * width : n;
+        tile(x, w + n * row_bytes, row_bytes, type, sums, K, (int)M, nt, w + next * row_bytes);
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < nt; j++) {
+                float value = sums[i * QW + j];
+                if (b) value += b[n + j];
+                float *out = y + i * ldy + n + j;
+                *out = accumulate ? *out + value : value;
+            }
+    }
+}
 #endif
 
 /* 32 unpacked quants of a Q4_x / Q5_x block -> weights: d * q + m with a min (Q4_1, Q5_1),
@@ -316,6 +437,12 @@ void bp_dequant_rows(const uint8_t *w, int type, int64_t row_bytes, int64_t K, c
  * several weights (Q, K and V of different types) can fill one fused output. */
 void bp_linear_q(const float *x, const uint8_t *w, int type, int64_t row_bytes, const float *b, float *y,
                  int64_t ldy, int64_t M, int64_t N, int64_t K, int accumulate, int num_threads) {
+#if defined(__x86_64__) || defined(_M_X64)
+    if (M <= 2 && bp_isa_level() >= 1 && (type == T_Q4_0 || type == T_Q4_1 || type == T_Q8_0)) {
+        linear_q_fused(x, w, type, row_bytes, b, y, ldy, M, N, K, accumulate, num_threads);
+        return;
+    }
+#endif
     tile_fn tile = bp_pick_tile();
     const int width = bp_tile_width(M);
     int64_t num_tiles = (N + width - 1) / width;
