@@ -74,8 +74,7 @@ class Engine:
         self.prefix_cache = self._prefix_cache()
         self.runner = ModelRunner(self.model, self.cache, config.max_batch, config.max_prefill_tokens,
                                   self.prefix_cache)
-        self.scheduler = Scheduler(config.max_batch, config.max_prefill_tokens,
-                                   self.runner.keep_retired if self.prefix_cache is not None else None)
+        self.scheduler = Scheduler(config.max_batch, config.max_prefill_tokens, self.runner.retire)
         self.end_ids = self.tokenizer.ids.end_of_turn_ids
         self.load_time_s = time.perf_counter() - started
         self._sequences: dict[str, Sequence] = {}

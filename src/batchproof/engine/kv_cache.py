@@ -3,6 +3,18 @@
 import numpy as np
 import torch
 
+from batchproof.engine.memory import PAGE, drop_pages
+
+
+def _empty(shape: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """torch.empty, starting on a page boundary on the CPU (torch aligns to 64 bytes)."""
+    if device.type != "cpu":
+        return torch.empty(shape, device=device, dtype=dtype)
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    raw = torch.empty(nbytes + PAGE, dtype=torch.uint8)
+    start = -raw.data_ptr() % PAGE
+    return raw[start:start + nbytes].view(dtype).view(shape)
+
 
 class KVCache:
     def __init__(
@@ -18,10 +30,21 @@ class KVCache:
         self.max_len = max_len
         self.num_slots = num_slots
         shape = (num_layers, num_slots, num_kv_heads, max_len, head_dim)
-        # torch.empty maps untouched pages lazily on CPU: memory grows with the longest
-        # sequence each slot has held, not with max_len up front.
-        self.k = torch.empty(shape, device=device, dtype=dtype)
-        self.v = torch.empty(shape, device=device, dtype=dtype)
+        # Untouched pages are mapped lazily on CPU: memory grows with the sequences the slots
+        # hold, not with max_len up front; page-aligned, so release() frees a slot whole.
+        self.k = _empty(shape, device, dtype)
+        self.v = _empty(shape, device, dtype)
+
+    def release(self, slot: int) -> None:
+        """A freed slot's pages go back to the OS: its sequence is done (and the prefix cache
+        has copied what it keeps), and the next one writes every position before reading it.
+        Else each slot would hold the pages of the longest sequence it ever served."""
+        if self.k.device.type != "cpu":
+            return
+        for cache in (self.k, self.v):
+            for layer in range(cache.shape[0]):
+                region = cache[layer, slot]  # contiguous: [num_kv_heads, max_len, head_dim]
+                drop_pages(region.data_ptr(), region.nbytes)
 
     def write_prompt(self, layer: int, slot: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """k, v: [num_kv_heads, n, head_dim] for positions start..start+n-1 of one slot."""

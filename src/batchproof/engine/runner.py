@@ -115,10 +115,18 @@ class ModelRunner:
         if top_n is not None:  # blocks it found without records at this top-N learn them
             cache.add_records(keys, records, top_n)
 
-    def keep_retired(self, seq: Sequence) -> None:
-        """As a sequence leaves its slot: the blocks of prompt and reply it computed."""
+    def retire(self, seq: Sequence) -> None:
+        """As a sequence leaves its slot: the prefix cache keeps its blocks, then the slot's
+        pages are released."""
+        if seq.slot is None:
+            return
+        self._keep_retired(seq)
+        self.cache.release(seq.slot)
+
+    def _keep_retired(self, seq: Sequence) -> None:
+        """The blocks of prompt and reply the sequence computed."""
         cache = self.prefix_cache
-        if cache is None or seq.slot is None or seq.num_computed < cache.block_size:
+        if cache is None or seq.num_computed < cache.block_size:
             return
         tokens = (seq.prompt_ids + seq.output_ids)[:seq.num_computed]
         keys = cache.keys(tokens, len(tokens) // cache.block_size)

@@ -18,7 +18,7 @@ class Scheduler:
     def __init__(self, max_batch: int, max_prefill_tokens: int,
                  on_retire: Callable[[Sequence], None] | None = None) -> None:
         self.max_batch = max_batch
-        self.on_retire = on_retire  # sees each sequence while its slot still holds its keys
+        self.on_retire = on_retire  # sees each sequence while its slot still holds its keys (then frees them)
         self.max_prefill_tokens = max_prefill_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []

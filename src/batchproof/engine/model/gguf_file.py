@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from batchproof.engine.memory import drop_mapped_file_pages
 from batchproof.engine.model.gguf_reader import GGUFFormatError, TensorEntry, read_gguf
 from batchproof.engine.model.weights import RawTensor
 
@@ -105,6 +106,14 @@ class ModelFile:
     # name -> float32 array (or RawTensor when kept quantized); layer tensors are keyed
     # "layers.N.<name>".
     tensors: dict[str, np.ndarray | RawTensor]
+
+    def drop_resident_pages(self) -> None:
+        """The file's pages leave the resident set (the loader calls this as it copies the
+        weights out, so the file and its copy are never both resident)."""
+        for value in self.tensors.values():
+            if isinstance(value, RawTensor):  # a view of the mapping (float arrays are copies)
+                drop_mapped_file_pages(value.data)
+                return
 
 
 def _read(path: Path) -> tuple[dict[str, Any], list[TensorEntry]]:

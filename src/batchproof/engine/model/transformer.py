@@ -113,6 +113,7 @@ class Transformer:
                 post_attn_norm=maybe(p + "post_attn_norm"),
                 post_ffn_norm=maybe(p + "post_ffn_norm"),
             ))
+            model_file.drop_resident_pages()  # this layer's weights are copied out
         embed = matmul("embed")
         lm_head = matmul("lm_head") if "lm_head" in t else embed
         rope_freqs = torch.from_numpy(t["rope_freqs"]) if "rope_freqs" in t else None
