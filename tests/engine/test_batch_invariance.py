@@ -142,7 +142,14 @@ def run_concurrently(url: str, jobs: list[tuple[str, bool]]) -> list[list]:
 
 def test_http_batch_of_16_equals_alone_streamed_and_not(server):
     url = f"{server.url}/v1/chat/completions"
+    done_before = server.log_file.read_text().count(" done in ")
     alone = [run_concurrently(url, [(p, True)])[0] for p in PROMPTS]
+    # Each alone run's batch line is written as the engine goes idle, which may be just
+    # after its reply: wait for all of them, so the burst's line is the next one.
+    for _ in range(100):
+        if server.log_file.read_text().count(" done in ") >= done_before + len(PROMPTS):
+            break
+        time.sleep(0.02)
     # 16 at once: every prompt twice, once streamed and once not.
     jobs = [(p, stream) for stream in (True, False) for p in PROMPTS]
     log_offset = server.log_file.stat().st_size

@@ -15,6 +15,7 @@ from batchproof.engine.model.gguf_file import read_model_file
 from batchproof.engine.model.known_models import resolve_model
 from batchproof.engine.model.ops import kernels
 from batchproof.engine.model.weights import RawTensor
+from batchproof.engine.prefix_cache import Block, PrefixCache
 from batchproof.engine.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise semantics are Linux's")
@@ -65,3 +66,24 @@ def test_the_model_file_s_pages_leave_the_resident_set_and_the_weights_stay_read
     model_file.drop_resident_pages()
     assert resident_kib_of(path) < 1_000
     assert sum(int(t.data.sum(dtype=np.uint64)) for t in raws) == checksum
+
+
+def rss_anon_kib() -> int:
+    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("RssAnon:"))
+    return int(line.split()[1])
+
+
+def test_blocks_the_prefix_cache_evicts_leave_the_resident_set():
+    kv = KVCache(30, 1, 3, 2048, 64, torch.device("cpu"), torch.float32)  # the default model's shape
+    kv.k.fill_(1.0)
+    kv.v.fill_(2.0)
+    count = 100  # 16-token blocks of 737 KB
+    cache = PrefixCache(16, 10**9, "m")
+    cache.insert(cache.keys(list(range(16 * count)), count),
+                 {i: Block(*kv.read_block(0, 16 * i, 16), None) for i in range(count)})
+    kv.release(0)
+    held = cache.nbytes
+    before = rss_anon_kib()
+    cache.make_room(cache.budget_bytes)  # the running sequences need all of it
+    assert len(cache) == 0
+    assert (before - rss_anon_kib()) * 1024 > 0.9 * held

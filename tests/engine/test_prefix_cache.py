@@ -203,3 +203,23 @@ def test_a_match_stops_at_blocks_without_hidden_states_when_they_are_needed():
     assert len(cache.match(list(range(8)), 7, need_hidden=False)) == 1  # the limit counts whole blocks
     cache.insert(keys, {1: block(2)})  # hidden states arrive later: the block is upgraded in place
     assert len(cache.match(list(range(8)), 8, need_hidden=True)) == 2 and len(cache) == 2
+
+
+def test_cached_blocks_make_way_for_running_sequences():
+    """One budget for both: as the running sequences' keys and values grow, the least
+    recently used blocks go; as a sequence leaves, its room returns."""
+    one = block(1.0).nbytes
+    cache = PrefixCache(4, 4 * one, "m")
+    old, new = cache.keys(list(range(8)), 2), cache.keys(list(range(100, 108)), 2)
+    cache.insert(old, {0: block(1), 1: block(2)})
+    cache.insert(new, {0: block(3), 1: block(4)})
+    cache.make_room(2 * one)  # running sequences now hold two blocks' worth
+    assert cache.nbytes <= 2 * one and cache.stats.evicted_blocks == 2
+    assert cache.match(list(range(8)), 8, need_hidden=False) == []  # the older prefix went
+    assert len(cache.match(list(range(100, 108)), 8, need_hidden=False)) == 2
+    cache.insert(cache.keys(list(range(200, 204)), 1), {0: block(5)})  # the newest stays, an older one goes
+    assert len(cache) == 2 and cache.nbytes <= 2 * one
+    assert len(cache.match(list(range(200, 204)), 4, need_hidden=False)) == 1
+    cache.leaving(2 * one)  # they finished
+    cache.insert(cache.keys(list(range(300, 308)), 2), {0: block(6), 1: block(7)})
+    assert len(cache) == 4 and cache.nbytes <= cache.budget_bytes

@@ -60,7 +60,7 @@ def test_metrics_count_hits_and_misses_and_server_info_names_the_budget(server):
     info = server.state.engine.info()["prefix_cache"]
     doc = httpx.get(server.url + "/v1/server_info", timeout=30).json()["prefix_cache"]
     assert doc["enabled"] is True and doc["block_size"] == info["block_size"] == 16
-    assert doc["budget_bytes"] == 1024 * 2**20
+    assert doc["budget_bytes"] == 128 * 2**20
     text = httpx.get(server.url + "/metrics", timeout=30).text
     queries, hits = metric(text, "batchproof_prefix_cache_queries_total"), metric(text,
                                                                                  "batchproof_prefix_cache_hits_total")

@@ -47,7 +47,11 @@ class EngineConfig:
         metadata={"help": "reuse the keys and values of prompt prefixes already computed (bitwise the same "
                           "results; only where the kernels make it exact)"},
     )
-    prefix_cache_mb: int = field(default=1024, metadata={"help": "memory the prefix cache may hold, in MiB"})
+    prefix_cache_mb: int = field(
+        default=128,
+        metadata={"help": "memory, in MiB, that the prefix cache and the running sequences' keys and values share: "
+                          "cached blocks make way as running sequences grow"},
+    )
 
     def __post_init__(self) -> None:
         require(self.max_batch >= 1, f"max_batch must be >= 1, got {self.max_batch}")

@@ -140,6 +140,8 @@ class Engine:
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
         scheduled = self.scheduler.schedule()
+        if self.prefix_cache is not None:
+            self.prefix_cache.make_room(self._live_kv_bytes())
         outputs = self.outputs.retired(scheduled.retired)
         seqs = scheduled.prefill or scheduled.decode
         if seqs:
@@ -147,6 +149,10 @@ class Engine:
             logits, prompt_records = self._forward(scheduled.prefill, scheduled.decode)
             outputs += self.outputs.process(seqs, logits, prompt_records)
         return outputs
+
+    def _live_kv_bytes(self) -> int:
+        """What the running sequences' keys and values take (each holds its positions so far)."""
+        return sum(s.num_tokens for s in self.scheduler.running) * self.cache.bytes_per_token
 
     def _forward(self, prefill: list[Sequence], decode: list[Sequence]) -> tuple[torch.Tensor, list]:
         """Logits [len(seqs), V] for the next token of each scheduled sequence."""

@@ -3,7 +3,7 @@
 import numpy as np
 import torch
 
-from batchproof.engine.memory import PAGE, drop_pages
+from batchproof.engine.memory import PAGE, copy_to_own_pages, drop_pages
 
 
 def _empty(shape: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
@@ -34,6 +34,7 @@ class KVCache:
         # hold, not with max_len up front; page-aligned, so release() frees a slot whole.
         self.k = _empty(shape, device, dtype)
         self.v = _empty(shape, device, dtype)
+        self.bytes_per_token = 2 * num_layers * num_kv_heads * head_dim * dtype.itemsize
 
     def release(self, slot: int) -> None:
         """A freed slot's pages go back to the OS: its sequence is done (and the prefix cache
@@ -73,6 +74,7 @@ class KVCache:
         np.copyto(self.v[:, slot, :, start:start + n].numpy(), v.numpy())
 
     def read_block(self, slot: int, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """A copy of positions start..start+n-1 of one slot, every layer: [num_layers, num_kv_heads, n, head_dim]."""
-        return (torch.from_numpy(self.k[:, slot, :, start:start + n].numpy().copy()),
-                torch.from_numpy(self.v[:, slot, :, start:start + n].numpy().copy()))
+        """A copy of positions start..start+n-1 of one slot, every layer: [num_layers, num_kv_heads, n, head_dim]
+        (in pages of its own, which go back to the OS when the cache evicts it)."""
+        return (copy_to_own_pages(self.k[:, slot, :, start:start + n]),
+                copy_to_own_pages(self.v[:, slot, :, start:start + n]))

@@ -1,15 +1,17 @@
 """Handing memory back to the OS: pages the engine has finished with leave its resident set.
 
-Resident memory is what a small machine runs out of, so two things that would otherwise
-stay resident are dropped: a freed batch slot's keys and values (the pages of the longest
-sequence the slot ever held), and the model file's pages once the weights are copied out
-of the mapping (else the file and its copy are both resident at the load's peak)."""
+Resident memory is what a small machine runs out of, so what would otherwise stay
+resident is dropped: a freed batch slot's keys and values (the pages of the longest
+sequence the slot ever held), the model file's pages once the weights are copied out of
+the mapping (else the file and its copy are both resident at the load's peak), and the
+blocks the prefix cache evicts (glibc would keep them in its heap)."""
 
 import ctypes
 import mmap
 import sys
 
 import numpy as np
+import torch
 
 PAGE = mmap.PAGESIZE
 MADV_DONTNEED = 4  # Linux: anonymous pages read as zeros when next touched
@@ -43,3 +45,20 @@ def drop_mapped_file_pages(array: np.ndarray) -> None:
         base = base.obj if isinstance(base, memoryview) else getattr(base, "base", None)
     if base is not None and hasattr(base, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
         base.madvise(mmap.MADV_DONTNEED)
+
+
+def copy_to_own_pages(t: torch.Tensor) -> torch.Tensor:
+    """A CPU copy of `t` in a private mapping of its own, unmapped when the copy is freed.
+
+    For the prefix cache's blocks: from the heap, an evicted block's memory would stay in
+    glibc's free lists (it raises its mapping threshold past a block's size after the
+    first large free), and the resident set would keep the cache's high-water mark."""
+    flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
+    if not flags or t.nbytes == 0:
+        return t.clone()
+    out = torch.frombuffer(mmap.mmap(-1, t.nbytes, flags=flags), dtype=t.dtype).view(t.shape)
+    if t.dtype == torch.bfloat16:  # numpy has no bfloat16
+        out.copy_(t)
+    else:  # numpy's copy is one thread (see KVCache.write_block)
+        np.copyto(out.numpy(), t.numpy())
+    return out

@@ -62,6 +62,7 @@ class PrefixCache:
         # so eviction takes the deepest blocks first and never strands a reachable tail.
         self._blocks: OrderedDict[bytes, Block] = OrderedDict()
         self.nbytes = 0
+        self.live_bytes = 0  # the running sequences' keys and values: the budget is shared
         self.stats = PrefixCacheStats()
 
     def __len__(self) -> int:
@@ -104,7 +105,7 @@ class PrefixCache:
                     self.nbytes += block.nbytes - old.nbytes
                     self._blocks[keys[i]] = block
                 continue
-            if block.nbytes > self.budget_bytes:
+            if block.nbytes > self.room:
                 return
             self._blocks[keys[i]] = block
             self.nbytes += block.nbytes
@@ -128,19 +129,36 @@ class PrefixCache:
             if key in self._blocks:
                 self._blocks.move_to_end(key)
 
+    def make_room(self, live_bytes: int) -> None:
+        """The running sequences now hold live_bytes of keys and values: cached blocks make
+        way for them (vLLM's rule: a cached block is a free block until it is needed), so
+        the cache and the live sequences together stay within the budget (or the live ones
+        alone, if they need more)."""
+        self.live_bytes = live_bytes
+        self._evict(keep=[])
+
+    def leaving(self, nbytes: int) -> None:
+        """A sequence leaves its slot, its keys and values no longer live (and its blocks may
+        now take their room)."""
+        self.live_bytes = max(0, self.live_bytes - nbytes)
+
+    @property
+    def room(self) -> int:
+        return max(0, self.budget_bytes - self.live_bytes)
+
     def _evict(self, keep: list[bytes]) -> None:
         """Least recently used first, until within budget; the prefix just stored goes last."""
-        if self.nbytes <= self.budget_bytes:
+        if self.nbytes <= self.room:
             return
         protected = set(keep)
         victims = [key for key in self._blocks if key not in protected] + [k for k in reversed(keep)
                                                                            if k in self._blocks]
         for key in victims:
-            if self.nbytes <= self.budget_bytes:
+            if self.nbytes <= self.room:
                 break
             self.nbytes -= self._blocks.pop(key).nbytes
             self.stats.evicted_blocks += 1
 
     def info(self) -> dict:
         return {"block_size": self.block_size, "budget_bytes": self.budget_bytes, "bytes": self.nbytes,
-                "blocks": len(self._blocks)}
+                "blocks": len(self._blocks), "live_bytes": self.live_bytes}

@@ -126,7 +126,10 @@ class ModelRunner:
     def _keep_retired(self, seq: Sequence) -> None:
         """The blocks of prompt and reply the sequence computed."""
         cache = self.prefix_cache
-        if cache is None or seq.num_computed < cache.block_size:
+        if cache is None:
+            return
+        cache.leaving(seq.num_tokens * self.cache.bytes_per_token)
+        if seq.num_computed < cache.block_size:
             return
         tokens = (seq.prompt_ids + seq.output_ids)[:seq.num_computed]
         keys = cache.keys(tokens, len(tokens) // cache.block_size)
