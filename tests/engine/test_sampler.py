@@ -209,6 +209,7 @@ def test_min_tokens_above_max_tokens_is_refused() -> None:
        st.lists(st.frozensets(st.integers(min_value=0, max_value=4), max_size=3), min_size=4, max_size=4))
 def test_batched_greedy_equals_one_row_at_a_time(rows, bans):
     """The engine's one-pass greedy choice and choose_token agree, bans included."""
+    from batchproof.engine.model.ops import kernels
     from batchproof.engine.sampler import greedy_tokens
 
     logits = torch.tensor(rows, dtype=torch.float32)
@@ -220,6 +221,8 @@ def test_batched_greedy_equals_one_row_at_a_time(rows, bans):
         except SamplingError:
             expected = None
         assert picked == expected
+    if kernels.available():  # the kernels' one-pass choice is the same
+        assert greedy_tokens(logits, bans, kernels.first_max) == batched
 
 
 def test_processed_logits_are_the_distribution_sampled_from() -> None:

@@ -81,7 +81,7 @@ class Engine:
         self._batch_start: float | None = None
         self._batch_max = 0
         self.outputs = OutputProcessor(self._sequences, self.end_ids, self.max_model_len,
-                                       self.model.ops.normalizer_and_top_k)
+                                       self.model.ops.normalizer_and_top_k, self.model.ops.first_max)
 
     def _prefix_cache(self) -> PrefixCache | None:
         """Only where a position's bits cannot depend on who computed it (our kernels)."""

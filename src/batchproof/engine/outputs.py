@@ -7,6 +7,7 @@ import torch
 
 from batchproof.engine.logprobs import NormalizerAndTopK, TokenRecord, build_records
 from batchproof.engine.sampler import (
+    FirstMax,
     SamplingError,
     apply_penalties,
     banned_for_step,
@@ -30,11 +31,13 @@ class OutputProcessor:
     leave `sequences` (the engine's table of live requests)."""
 
     def __init__(self, sequences: dict[str, Sequence], end_ids: frozenset[int], max_model_len: int,
-                 records_backend: NormalizerAndTopK) -> None:
+                 records_backend: NormalizerAndTopK, greedy_backend: FirstMax) -> None:
         self.sequences = sequences
         self.end_ids = end_ids
         self.max_model_len = max_model_len
-        self.records_backend = records_backend  # the engine's ops: kernel or torch, chosen at load
+        # The engine's ops (kernel or torch, chosen at load) for the records and the greedy choice.
+        self.records_backend = records_backend
+        self.greedy_backend = greedy_backend
         self.num_tokens = 0  # tokens appended since the last take_num_tokens()
 
     def process(self, seqs: list[Sequence], logits: torch.Tensor, prompt_records: list) -> list[RequestOutput]:
@@ -74,7 +77,8 @@ class OutputProcessor:
         plain = [i for i, s in enumerate(seqs) if s.params.is_greedy and s.params.max_tokens]
         greedy = {}
         if plain:
-            picks = greedy_tokens(torch.stack([rows[i] for i in plain]), [banned[i] for i in plain])
+            picks = greedy_tokens(torch.stack([rows[i] for i in plain]), [banned[i] for i in plain],
+                                  self.greedy_backend)
             greedy = dict(zip(plain, picks))
         for i, (seq, row) in enumerate(zip(seqs, rows)):
             step = len(seq.output_ids)

@@ -1,6 +1,7 @@
 """Choosing the next token: penalties, bans and sampling, as pure functions of one row."""
 
 from collections import Counter
+from collections.abc import Callable
 
 import torch
 
@@ -66,15 +67,28 @@ def processed_logits(logits: torch.Tensor, params: SamplingParams, banned_ids: f
     return _sampled_probs(usable, params).log()  # log 0 = -inf; the normaliser renormalises
 
 
-def greedy_tokens(logits: torch.Tensor, banned: list[frozenset[int]]) -> list[int | None]:
-    """[B, V] -> each row's first maximum among its allowed ids, as choose_token picks it
-    greedily; None for a row with nothing to choose. One pass for the whole batch."""
+def first_max(logits: torch.Tensor) -> torch.Tensor:
+    """[B, V] -> [B] int64: each row's first maximum (the lowest id among ties), NaN never;
+    -1 where nothing beats -inf. The kernels' first_max computes the same in one pass."""
     usable = torch.where(logits.isnan(), NEG_INF, logits)
-    for row, ids in enumerate(banned):
-        if ids:
-            usable[row, torch.tensor(sorted(ids), dtype=torch.int64, device=logits.device)] = NEG_INF
     best, choice = usable.max(dim=-1)  # ties: the first (lowest) id
-    return [None if b == NEG_INF else i for b, i in zip(best.tolist(), choice.tolist())]
+    return torch.where(best == NEG_INF, -1, choice)
+
+
+FirstMax = Callable[[torch.Tensor], torch.Tensor]
+
+
+def greedy_tokens(logits: torch.Tensor, banned: list[frozenset[int]],
+                  backend: FirstMax = first_max) -> list[int | None]:
+    """[B, V] -> each row's first maximum among its allowed ids, as choose_token picks it
+    greedily; None for a row with nothing to choose. One pass for the whole batch
+    (`backend`: first_max above, or the engine's ops' kernel)."""
+    if any(banned):
+        logits = logits.clone()
+        for row, ids in enumerate(banned):
+            if ids:
+                logits[row, torch.tensor(sorted(ids), dtype=torch.int64, device=logits.device)] = NEG_INF
+    return [None if i < 0 else i for i in backend(logits).tolist()]
 
 
 def _sampled_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

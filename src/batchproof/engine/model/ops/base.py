@@ -85,3 +85,7 @@ class Ops(Protocol):
 
     def normalizer_and_top_k(self, logits: torch.Tensor, k: int) -> tuple[Normalizer, TopK]:
         """Each row's log-softmax normaliser and its best k, each row on its own fixed-order sums."""
+
+    def first_max(self, logits: torch.Tensor) -> torch.Tensor:
+        """[B, V] -> [B]: each row's first maximum (lowest id among ties), NaN never; -1 if
+        nothing beats -inf. The greedy choice."""

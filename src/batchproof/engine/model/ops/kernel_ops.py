@@ -103,6 +103,9 @@ class KernelOps:
         self._fused(x, positions, slots, self.num_threads)
         return x
 
+    def first_max(self, logits: torch.Tensor) -> torch.Tensor:
+        return kernels.first_max(logits.float())
+
     def normalizer_and_top_k(self, logits: torch.Tensor, k: int) -> tuple[Normalizer, TopK]:
         """Both in one pass over each row (0.17 ms a step at top 20, against 0.8 in torch)."""
         logits = logits.float()

@@ -239,6 +239,25 @@ void bp_linear_f32(const float *x, const float *w, const float *b, float *y, int
     }
 }
 
+/* ---------------- the greedy choice ---------------- */
+
+/* Each row's first maximum (the lowest id among ties), NaN never chosen: ids[r] = -1 when
+ * no entry beats -inf. A comparison, no arithmetic, so no bits to keep; one pass in C
+ * instead of torch's where, isnan and max over the vocabulary (0.4 ms a step alone). */
+void bp_first_max_f32(const float *logits, int64_t B, int64_t V, int64_t *ids) {
+    for (int64_t r = 0; r < B; r++) {
+        const float *row = logits + r * V;
+        float best = -INFINITY;
+        int64_t at = -1;
+        for (int64_t j = 0; j < V; j++)
+            if (row[j] > best) { /* false for NaN, and for a tie: the first stays */
+                best = row[j];
+                at = j;
+            }
+        ids[r] = at;
+    }
+}
+
 /* ---------------- small per-row pieces: norm and rotary embedding ---------------- */
 
 /* y[r] = x[r] * (1 / sqrt(mean(x[r]^2) + eps)) * w, the sum of squares a dot8. */

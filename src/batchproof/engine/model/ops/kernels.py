@@ -26,6 +26,8 @@ def _library() -> ctypes.CDLL | None:
     lib.bp_rope_f32.restype = None
     lib.bp_top_k_logprobs_f32.argtypes = [ptr, i64, i64, i64, ptr, ptr, ptr, ptr, ptr]
     lib.bp_top_k_logprobs_f32.restype = None
+    lib.bp_first_max_f32.argtypes = [ptr, i64, i64, ptr]
+    lib.bp_first_max_f32.restype = None
     lib.bp_silu_mul_f32.argtypes = [ptr, ptr, i64, i64]
     lib.bp_silu_mul_f32.restype = None
     lib.bp_gelu_tanh_mul_f32.argtypes = [ptr, ptr, i64, i64]
@@ -171,6 +173,14 @@ def _gated(gate_up: torch.Tensor, kernel) -> torch.Tensor:
     y = torch.empty(rows, width // 2, dtype=torch.float32)
     kernel(_ptr(gate_up), _ptr(y), rows, width // 2)
     return y
+
+
+def first_max(logits: torch.Tensor) -> torch.Tensor:
+    """[B, V] float32 -> [B] int64: each row's first maximum, NaN never; -1 where none beats -inf."""
+    logits = logits.contiguous()
+    ids = torch.empty(logits.shape[0], dtype=torch.int64)
+    _library().bp_first_max_f32(_ptr(logits), logits.shape[0], logits.shape[1], _ptr(ids))
+    return ids
 
 
 def top_k_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, ...]:

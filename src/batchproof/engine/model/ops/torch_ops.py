@@ -9,7 +9,7 @@ not invariant).
 import torch
 import torch.nn.functional as F
 
-from batchproof.engine import logprobs
+from batchproof.engine import logprobs, sampler
 from batchproof.engine.kv_cache import KVCache
 from batchproof.engine.logprobs import Normalizer, TopK
 from batchproof.engine.model.ops.base import HeadLayout, RopeTables
@@ -128,3 +128,6 @@ class TorchOps:
 
     def normalizer_and_top_k(self, logits: torch.Tensor, k: int) -> tuple[Normalizer, TopK]:
         return logprobs.normalizer_and_top_k(logits, k)
+
+    def first_max(self, logits: torch.Tensor) -> torch.Tensor:
+        return sampler.first_max(logits)
