@@ -196,69 +196,74 @@ static inline const float *f16_at(const uint8_t *p) { return f16_table + (p[0] |
 #define PREFETCH_TILES 1
 /* Outputs per tile by rows of x (at most FUSED_ROWS): with one row, 8 accumulators hide the
  * FMA latency; with more, rows x outputs accumulators must leave registers for the
- * unpacking. Past 4 rows, unpacking a tile once into a buffer for all of them is faster
- * (16 rows: 3.3 against 4.1 ms a row for the default model's matmuls). */
+ * unpacking (4 x 3 spilled, and ran 1.8x slower than 4 x 2). Past 4 rows, unpacking a tile
+ * once into a buffer for all of them is faster (16 rows: 3.3 against 4.1 ms a row for the
+ * default model's matmuls). */
 #define QW 8
 #define FUSED_ROWS 4
-#define QW_34 3
-static inline int fused_width(int64_t M) { return M == 1 ? QW : M == 2 ? QW / 2 : QW_34; }
+static inline int fused_width(int64_t M) { return M == 1 ? QW : M == 2 ? QW / 2 : 2; }
 
+/* Weights 8c..8c+7 of a Q4_0 / Q4_1 / Q8_0 block as floats (d, m: its scales, broadcast). */
 static inline __attribute__((always_inline, target("avx2,fma")))
-void qtile_body(const float *x, const uint8_t *w, int64_t row_bytes, const int type, float *sums, int64_t K,
-                const int mt, const int nt, const uint8_t *prefetch) {
-    __m256 acc[FUSED_ROWS][QW];
-    for (int i = 0; i < mt; i++)
-        for (int j = 0; j < nt; j++) acc[i][j] = _mm256_setzero_ps();
-    const int bytes = type == T_Q4_1 ? 20 : type == T_Q4_0 ? 18 : 34;
-    const __m256i low = _mm256_set1_epi32(0x0F), eight = _mm256_set1_epi32(8);
-    for (int64_t b = 0; b < K / 32; b++) {
-        const float *xb = x + 32 * b;
-#pragma GCC unroll 8 /* fully: the accumulators must stay in registers */
-        for (int j = 0; j < nt; j++) {
-            const uint8_t *blk = w + j * row_bytes + b * bytes;
-            /* The tile after next, a line per block and row: this tile's rows are read side
-             * by side, which the hardware prefetcher follows badly. (Running past it, or
-             * past the weight's end, is harmless: a prefetch never faults.) */
-            _mm_prefetch((const char *)(prefetch + (b * nt + j) * 64), _MM_HINT_T0);
-            const __m256 d = _mm256_broadcast_ss(f16_at(blk));
-            if (type == T_Q8_0) {
-#pragma GCC unroll 4
-                for (int c = 0; c < 4; c++) {
-                    const __m256 wc = _mm256_mul_ps(
-                        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * c)))), d);
-                    for (int i = 0; i < mt; i++)
-                        acc[i][j] = _mm256_fmadd_ps(_mm256_loadu_ps(xb + i * K + 8 * c), wc, acc[i][j]);
-                }
-                continue;
-            }
-            const uint8_t *qs = blk + (type == T_Q4_1 ? 4 : 2);
-            const __m256 m = type == T_Q4_1 ? _mm256_broadcast_ss(f16_at(blk + 2)) : d;
-#pragma GCC unroll 4
-            for (int c = 0; c < 4; c++) {
-                /* bytes 0..7 (c = 0, 2) or 8..15 (c = 1, 3); low nibbles are weights 0..15, high
-                 * ones 16..31 */
-                __m256i qc = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8 * (c & 1))));
-                qc = c < 2 ? _mm256_and_si256(qc, low) : _mm256_srli_epi32(qc, 4);
-                const __m256 wc = type == T_Q4_1 ? _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(qc), m)
-                                                 : _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(qc, eight)));
-                for (int i = 0; i < mt; i++)
-                    acc[i][j] = _mm256_fmadd_ps(_mm256_loadu_ps(xb + i * K + 8 * c), wc, acc[i][j]);
-            }
-        }
-    }
-    for (int i = 0; i < mt; i++)
-        for (int j = 0; j < nt; j++) sums[i * QW + j] = hsum_avx2(acc[i][j]);
+__m256 block_chunk(const uint8_t *blk, const int type, const int c, __m256 d, __m256 m) {
+    if (type == T_Q8_0)
+        return _mm256_mul_ps(
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * c)))), d);
+    /* bytes 0..7 (c = 0, 2) or 8..15 (c = 1, 3); low nibbles are weights 0..15, high ones 16..31 */
+    const uint8_t *qs = blk + (type == T_Q4_1 ? 4 : 2);
+    __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8 * (c & 1))));
+    q = c < 2 ? _mm256_and_si256(q, _mm256_set1_epi32(0x0F)) : _mm256_srli_epi32(q, 4);
+    return type == T_Q4_1 ? _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q), m)
+                          : _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(q, _mm256_set1_epi32(8))));
 }
+
+/* One tile: mt rows of x against nt weight rows, each output's accumulator taking its terms
+ * 8 at a time in increasing k. x is `mt` rows interleaved by 8 (x[(k / 8 * mt + i) * 8 +
+ * k % 8]; one row is just the row), so one pointer reaches every row; ACC_ROWS x ACC_COLS
+ * bounds the accumulators, sized to each caller (a bigger array kept them in memory). */
+#define QTILE_BODY(NAME, ACC_ROWS, ACC_COLS)                                                                 \
+    static inline __attribute__((always_inline, target("avx2,fma"))) void NAME(                              \
+        const float *x, const uint8_t *w, int64_t row_bytes, const int type, float *sums, int64_t K,         \
+        const int mt, const int nt, const uint8_t *prefetch) {                                               \
+        __m256 acc[ACC_ROWS][ACC_COLS];                                                                      \
+        for (int i = 0; i < mt; i++)                                                                         \
+            for (int j = 0; j < nt; j++) acc[i][j] = _mm256_setzero_ps();                                    \
+        const int bytes = type == T_Q4_1 ? 20 : type == T_Q4_0 ? 18 : 34;                                    \
+        for (int64_t b = 0; b < K / 32; b++) {                                                               \
+            const float *xb = x + 32 * mt * b;                                                               \
+            _Pragma("GCC unroll 8") /* fully: the accumulators must stay in registers */                     \
+            for (int j = 0; j < nt; j++) {                                                                   \
+                const uint8_t *blk = w + j * row_bytes + b * bytes;                                          \
+                /* The tile after next, a line per block and row: this tile's rows are read side by      \
+                 * side, which the hardware prefetcher follows badly (a prefetch never faults). */        \
+                _mm_prefetch((const char *)(prefetch + (b * nt + j) * 64), _MM_HINT_T0);                     \
+                const __m256 d = _mm256_broadcast_ss(f16_at(blk));                                           \
+                const __m256 m = type == T_Q4_1 ? _mm256_broadcast_ss(f16_at(blk + 2)) : d;                  \
+                _Pragma("GCC unroll 4")                                                                      \
+                for (int c = 0; c < 4; c++) {                                                                \
+                    const __m256 wc = block_chunk(blk, type, c, d, m);                                       \
+                    for (int i = 0; i < mt; i++)                                                             \
+                        acc[i][j] = _mm256_fmadd_ps(_mm256_loadu_ps(xb + (c * mt + i) * 8), wc, acc[i][j]);  \
+                }                                                                                            \
+            }                                                                                                \
+        }                                                                                                    \
+        for (int i = 0; i < mt; i++)                                                                         \
+            for (int j = 0; j < nt; j++) sums[i * QW + j] = hsum_avx2(acc[i][j]);                            \
+    }
+
+QTILE_BODY(qtile_narrow, 2, QW) /* one or two rows */
+QTILE_BODY(qtile_wide, FUSED_ROWS, 2) /* three or four */
 
 /* Constant type, row count and (for full tiles) width, so each case keeps its
  * accumulators in registers; a macro, since each ISA's function must inline the body
  * under its own target. */
-#define QTILE_DISPATCH(TYPE)                                                                  \
-    if (mt == 1 && nt == QW) qtile_body(x, w, row_bytes, TYPE, sums, K, 1, QW, prefetch);              \
-    else if (mt == 2 && nt == QW / 2) qtile_body(x, w, row_bytes, TYPE, sums, K, 2, QW / 2, prefetch); \
-    else if (mt == 3 && nt == QW_34) qtile_body(x, w, row_bytes, TYPE, sums, K, 3, QW_34, prefetch);   \
-    else if (mt == 4 && nt == QW_34) qtile_body(x, w, row_bytes, TYPE, sums, K, 4, QW_34, prefetch);   \
-    else qtile_body(x, w, row_bytes, TYPE, sums, K, mt, nt, prefetch)
+#define QTILE_DISPATCH(TYPE)                                                                       \
+    if (mt == 1 && nt == QW) qtile_narrow(x, w, row_bytes, TYPE, sums, K, 1, QW, prefetch);        \
+    else if (mt == 2 && nt == QW / 2) qtile_narrow(x, w, row_bytes, TYPE, sums, K, 2, QW / 2, prefetch); \
+    else if (mt <= 2) qtile_narrow(x, w, row_bytes, TYPE, sums, K, mt, nt, prefetch);              \
+    else if (mt == 3 && nt == 2) qtile_wide(x, w, row_bytes, TYPE, sums, K, 3, 2, prefetch);       \
+    else if (mt == 4 && nt == 2) qtile_wide(x, w, row_bytes, TYPE, sums, K, 4, 2, prefetch);       \
+    else qtile_wide(x, w, row_bytes, TYPE, sums, K, mt, nt, prefetch)
 
 #define QTILE_FN(NAME, TARGET)                                                                              \
     __attribute__((target(TARGET))) static void NAME(const float *x, const uint8_t *w, int64_t row_bytes, \
@@ -282,6 +287,13 @@ static void linear_q_fused(const float *x, const uint8_t *w, int type, int64_t r
         bp_isa_level() >= 2 ? qtile_avx512 : qtile_avx2;
     const int width = fused_width(M);
     const int64_t num_tiles = (N + width - 1) / width;
+    float *packed = NULL;
+    if (M > 1) { /* the rows interleaved by 8 (the tile reads them through one pointer) */
+        packed = aligned_alloc(64, (size_t)(M * K * 4 + 63) / 64 * 64);
+        for (int64_t k8 = 0; k8 < K / 8; k8++)
+            for (int64_t i = 0; i < M; i++) memcpy(packed + (k8 * M + i) * 8, x + i * K + k8 * 8, 32);
+        x = packed;
+    }
     /* Threads split outputs, never K: each output is summed by exactly one thread. */
 #pragma omp parallel for schedule(static) num_threads(num_threads)
     for (int64_t t = 0; t < num_tiles; t++) {
@@ -298,6 +310,7 @@ static void linear_q_fused(const float *x, const uint8_t *w, int type, int64_t r
                 *out = accumulate ? *out + value : value;
             }
     }
+    free(packed);
 }
 #endif
 
