@@ -196,7 +196,7 @@ static inline const float *f16_at(const uint8_t *p) { return f16_table + (p[0] |
 #define PREFETCH_TILES 1
 /* Outputs per tile by rows of x (at most FUSED_ROWS): with one row, 8 accumulators hide the
  * FMA latency; with more, rows x outputs accumulators must leave registers for the
- * unpacking (4 x 3 spilled, and ran 1.8x slower than 4 x 2). Past 4 rows, unpacking a tile
+ * unpacking (4 x 3 spilled some, and ran ~5% slower than 4 x 2). Past 4 rows, unpacking a tile
  * once into a buffer for all of them is faster (16 rows: 3.3 against 4.1 ms a row for the
  * default model's matmuls). */
 #define QW 8
