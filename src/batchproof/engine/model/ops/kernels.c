@@ -234,7 +234,7 @@ void bp_linear_f32(const float *x, const float *w, const float *b, float *y, int
         for (int64_t m = 0; m < M; m += MT) {
             int mt = (int)(M - m < MT ? M - m : MT);
             tile(x + m * K, w + n * K, sums, K, NT, mt, nt, m == 0 ? next_w : w + n * K);
-            bp_store_tile(sums, b, y, m, n, mt, nt, N, accumulate);
+            bp_store_tile(sums, NT, b, y, m, n, mt, nt, N, accumulate);
         }
     }
 }

@@ -39,13 +39,13 @@ tile_fn bp_pick_tile(void);
 /* 2: AVX-512, 1: AVX2 + FMA + F16C, 0: portable (capped by bp_cap_isa_level in tests). */
 int bp_isa_level(void);
 
-/* sums[i * NT + j] (+ b[n + j]) into y[(m + i) * ldy + n + j], added to what is there with
+/* sums[i * lds + j] (+ b[n + j]) into y[(m + i) * ldy + n + j], added to what is there with
  * accumulate (the residual add: one rounding per add, as torch's `y + linear(x)`). */
-static inline void bp_store_tile(const float *sums, const float *b, float *y, int64_t m, int64_t n, int mt,
-                                 int nt, int64_t ldy, int accumulate) {
+static inline void bp_store_tile(const float *sums, int lds, const float *b, float *y, int64_t m, int64_t n,
+                                 int mt, int nt, int64_t ldy, int accumulate) {
     for (int i = 0; i < mt; i++)
         for (int j = 0; j < nt; j++) {
-            float value = sums[i * NT + j];
+            float value = sums[i * lds + j];
             if (b) value += b[n + j];
             float *out = y + (m + i) * ldy + n + j;
             *out = accumulate ? *out + value : value;

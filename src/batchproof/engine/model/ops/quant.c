@@ -302,13 +302,7 @@ static void linear_q_fused(const float *x, const uint8_t *w, int type, int64_t r
         float sums[FUSED_ROWS * QW];
         const int64_t next = n + PREFETCH_TILES * width < N ? n + PREFETCH_TILES * width : n;
         tile(x, w + n * row_bytes, row_bytes, type, sums, K, (int)M, nt, w + next * row_bytes);
-        for (int i = 0; i < M; i++)
-            for (int j = 0; j < nt; j++) {
-                float value = sums[i * QW + j];
-                if (b) value += b[n + j];
-                float *out = y + i * ldy + n + j;
-                *out = accumulate ? *out + value : value;
-            }
+        bp_store_tile(sums, QW, b, y, 0, n, (int)M, nt, ldy, accumulate);
     }
     free(packed);
 }
@@ -485,7 +479,7 @@ void bp_linear_q(const float *x, const uint8_t *w, int type, int64_t row_bytes, 
             for (int64_t m = 0; m < M; m += MT) {
                 int mt = (int)(M - m < MT ? M - m : MT);
                 tile(x + m * K, buf, sums, K, NT, mt, nt, buf);
-                bp_store_tile(sums, b, y, m, n, mt, nt, ldy, accumulate);
+                bp_store_tile(sums, NT, b, y, m, n, mt, nt, ldy, accumulate);
             }
         }
         free(buf);
