@@ -19,10 +19,10 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 
+from batchproof.common.proc_status import status_mb
 from batchproof.common.wire import DONE, SSEReader
 
 WORDS = "compiler parser token lattice harbor winter garden signal river market orbit lantern".split()
@@ -40,10 +40,8 @@ def metric(text: str, name: str) -> float:
 
 
 def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+    rss = status_mb(pid, "VmRSS")
+    return float("nan") if rss is None else rss
 
 
 async def one_request(client: httpx.AsyncClient, url: str, rng: random.Random, p_disconnect: float) -> str:

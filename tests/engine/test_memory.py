@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from batchproof.common.proc_status import status_mb
 from batchproof.engine.config import EngineConfig
 from batchproof.engine.engine import Engine
 from batchproof.engine.kv_cache import KVCache
@@ -68,11 +69,6 @@ def test_the_model_file_s_pages_leave_the_resident_set_and_the_weights_stay_read
     assert sum(int(t.data.sum(dtype=np.uint64)) for t in raws) == checksum
 
 
-def rss_anon_kib() -> int:
-    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("RssAnon:"))
-    return int(line.split()[1])
-
-
 def test_blocks_the_prefix_cache_evicts_leave_the_resident_set():
     kv = KVCache(30, 1, 3, 2048, 64, torch.device("cpu"), torch.float32)  # the default model's shape
     kv.k.fill_(1.0)
@@ -83,7 +79,7 @@ def test_blocks_the_prefix_cache_evicts_leave_the_resident_set():
                  {i: Block(*kv.read_block(0, 16 * i, 16), None) for i in range(count)})
     kv.release(0)
     held = cache.nbytes
-    before = rss_anon_kib()
+    before = status_mb("self", "RssAnon")
     cache.make_room(cache.budget_bytes)  # the running sequences need all of it
     assert len(cache) == 0
-    assert (before - rss_anon_kib()) * 1024 > 0.9 * held
+    assert (before - status_mb("self", "RssAnon")) * 2**20 > 0.9 * held

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from batchproof.common.net import free_port
+from batchproof.common.proc_status import status_mb
 
 DEFAULT_PROMPT = "Write an essay on compilers."
 LONG_PROMPT = ("Summarise the following notes on compilers in one sentence. " + "Compilers translate programs "
@@ -203,16 +204,6 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     return start_batchproof(["serve", *args.serve_arg, *model])
 
 
-def _peak_rss_mb(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
-
-
 # --- report ----------------------------------------------------------------------------------
 
 def report(results: dict) -> None:
@@ -340,9 +331,9 @@ def run(args: argparse.Namespace) -> int:
                              "bands": [median_band(targets[key], _body(args, model, None), c, args.band_repeats)
                                        for c in ladder]}
         if process is not None:
-            results["ours"]["peak_rss_mb"] = _peak_rss_mb(process.pid)
+            results["ours"]["peak_rss_mb"] = status_mb(process.pid, "VmHWM")
         if args.vs_pid and "peer" in results:
-            results["peer"]["peak_rss_mb"] = _peak_rss_mb(args.vs_pid)
+            results["peer"]["peak_rss_mb"] = status_mb(args.vs_pid, "VmHWM")
     except RuntimeError as e:
         print(f"batchproof bench: {e}", file=sys.stderr)
         return 1

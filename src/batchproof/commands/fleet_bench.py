@@ -22,6 +22,8 @@ from pathlib import Path
 
 import httpx
 
+from batchproof.common.proc_status import status_mb
+
 PROMPT = "Write a short story about a lighthouse keeper."
 
 
@@ -54,13 +56,14 @@ def _tree_rss_mb(root: int) -> dict[str, float]:
         todo.extend(child for child, parent in parents.items() if parent == pid and child not in tree)
     by_name: dict[str, float] = {}
     for pid in tree:
+        rss = status_mb(pid, "VmRSS")
         try:
-            status = Path(f"/proc/{pid}/status").read_text()
             name = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
             title = Path(f"/proc/{pid}/comm").read_text().strip()
         except OSError:
             continue
-        rss = next((int(line.split()[1]) / 1024 for line in status.splitlines() if line.startswith("VmRSS:")), 0.0)
+        if rss is None:
+            continue
         key = name if name.startswith("ray::") else (Path(name).name or title)
         by_name[key] = by_name.get(key, 0.0) + rss
     return by_name
