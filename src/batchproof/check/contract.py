@@ -1,6 +1,7 @@
 """The serving-shape parity contract: its dataclass and its strict YAML loading."""
 
 import math
+import reprlib
 import string
 from dataclasses import dataclass
 from importlib import resources
@@ -23,6 +24,12 @@ _KEYS = (
 # Optional clauses: absent means off, so contracts written before them (aprender's) still load.
 _OPTIONAL_KEYS = ("require_bitwise_logprobs",)
 _MODEL_KEYS = ("prefix", "sha256")
+# A value quoted in a message is cut to a few items and characters: a contract's error is one
+# short line however large (or deeply nested) the value that caused it.
+_SHOWN = reprlib.Repr()
+_SHOWN.maxstring = _SHOWN.maxother = 80  # a sha256's 64 hex digits still show whole
+_SHOWN.maxlevel, _SHOWN.maxlong = 2, 40
+_SHOWN.maxlist = _SHOWN.maxtuple = _SHOWN.maxdict = _SHOWN.maxset = 6
 
 
 class ContractError(ValueError):
@@ -35,6 +42,10 @@ class ContractError(ValueError):
 
     def under(self, parent: str) -> "ContractError":
         return ContractError(f"{parent}.{self.key}", self.problem)
+
+
+def _shown(value: object) -> str:
+    return _SHOWN.repr(value)
 
 
 def _is_int(value: object) -> bool:
@@ -59,9 +70,9 @@ class BlessedModel:
 
     def __post_init__(self) -> None:
         if not isinstance(self.prefix, str) or not self.prefix.strip():
-            raise ContractError("prefix", f"must be a non-empty string, got {self.prefix!r}")
+            raise ContractError("prefix", f"must be a non-empty string, got {_shown(self.prefix)}")
         if self.sha256 is not None and not _is_sha256(self.sha256):
-            raise ContractError("sha256", f"must be 64 hex digits, got {self.sha256!r}")
+            raise ContractError("sha256", f"must be 64 hex digits, got {_shown(self.sha256)}")
 
 
 @dataclass(frozen=True)
@@ -79,38 +90,38 @@ class Contract:
     def __post_init__(self) -> None:
         models = self.blessed_models
         if not isinstance(models, tuple) or not models:
-            raise ContractError("blessed_models", f"must list at least one model, got {models!r}")
+            raise ContractError("blessed_models", f"must list at least one model, got {_shown(models)}")
         if not all(isinstance(model, BlessedModel) for model in models):
             raise ContractError("blessed_models", "must hold BlessedModel entries")
         bands = self.bands
         if not isinstance(bands, tuple) or not bands or not all(_is_int(c) and c >= 1 for c in bands):
-            raise ContractError("bands", f"must list positive integers, got {bands!r}")
+            raise ContractError("bands", f"must list positive integers, got {_shown(bands)}")
         if len(set(bands)) != len(bands):
-            raise ContractError("bands", f"lists a band twice: {bands!r}")
+            raise ContractError("bands", f"lists a band twice: {_shown(bands)}")
         _require_number("near_tie_eps", self.near_tie_eps)
         _require_count("near_tie_cap", self.near_tie_cap)
         _require_count("declared_min_floor", self.declared_min_floor)
         _require_number("decode_ratio_c4_over_c1", self.decode_ratio_c4_over_c1)
         if not isinstance(self.require_bitwise_logprobs, bool):
             raise ContractError(
-                "require_bitwise_logprobs", f"must be true or false, got {self.require_bitwise_logprobs!r}"
+                "require_bitwise_logprobs", f"must be true or false, got {_shown(self.require_bitwise_logprobs)}"
             )
 
 
 def _require_number(key: str, value: object) -> None:
     if not _is_number(value) or value < 0:
-        raise ContractError(key, f"must be a finite number >= 0, got {value!r}")
+        raise ContractError(key, f"must be a finite number >= 0, got {_shown(value)}")
 
 
 def _require_count(key: str, value: object) -> None:
     if not _is_int(value) or value < 0:
-        raise ContractError(key, f"must be an integer >= 0, got {value!r}")
+        raise ContractError(key, f"must be an integer >= 0, got {_shown(value)}")
 
 
 def _fields(raw: object, where: str, required: tuple[str, ...], known: tuple[str, ...]) -> dict:
     """The mapping `raw`, refusing a missing or an unknown key by name."""
     if not isinstance(raw, dict):
-        raise ContractError(where or DOCUMENT, f"must be a mapping, got {raw!r}")
+        raise ContractError(where or DOCUMENT, f"must be a mapping, got {_shown(raw)}")
     unknown = [key for key in raw if key not in known]
     if unknown:
         raise ContractError(_child(where, unknown[0]), "is not a contract key")
@@ -121,7 +132,9 @@ def _fields(raw: object, where: str, required: tuple[str, ...], known: tuple[str
 
 
 def _child(where: str, key: object) -> str:
-    return f"{where}.{key}" if where else str(key)
+    # A key is the file's to choose: anything but a short plain name is quoted and cut.
+    name = key if isinstance(key, str) and key.isidentifier() and len(key) <= _SHOWN.maxstring else _shown(key)
+    return f"{where}.{name}" if where else name
 
 
 def _as_tuple(value: object) -> object:
@@ -157,12 +170,32 @@ def contract_from_mapping(raw: object) -> Contract:
     )
 
 
+class _NoAliasLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing aliases (`*name`). A contract is a few hand-written keys and
+    needs none, while nested aliases ("billion laughs") make a few lines stand for billions of
+    values: cheap to load as shared objects, but not to check, quote or copy."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            line = self.peek_event().start_mark.line + 1
+            raise ContractError(DOCUMENT, f"uses a YAML alias on line {line}; a contract must spell out its values")
+        return super().compose_node(parent, index)
+
+
 def contract_from_text(text: str) -> Contract:
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_NoAliasLoader)  # a SafeLoader: plain data, never Python objects
     except yaml.YAMLError as error:
-        raise ContractError(DOCUMENT, f"is not YAML ({error})") from None
+        raise ContractError(DOCUMENT, f"is not YAML ({_yaml_problem(error)})") from None
     return contract_from_mapping(raw)
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """PyYAML's complaint on one line: where, and what (its own text runs over several, quoting the file)."""
+    mark, problem = getattr(error, "problem_mark", None), getattr(error, "problem", None)
+    if mark is None or problem is None:
+        return _shown(str(error))
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
 
 
 def shipped_contract_text(name: str = SHIPPED) -> str:

@@ -11,6 +11,7 @@ from pathlib import Path
 from batchproof.check.contract import Contract, ContractError, load_contract
 from batchproof.check.rules import judge
 from batchproof.check.witness import WitnessError, parse_witness
+from batchproof.common.printable import printable
 
 EXIT_ADMISSIBLE = 0
 EXIT_NOT_A_FILE = 3
@@ -73,9 +74,10 @@ def _print_verdict(path: Path, verdict: str, reasons: list[str], as_json: bool) 
     if as_json:
         print(json.dumps({"verdict": verdict, "reasons": reasons}))
         return
-    print(f"shape check {path}: {verdict}")
+    # A reason quotes the witness's strings (a replica id, a model path, a fleet's reason).
+    print(printable(f"shape check {path}: {verdict}"))
     for reason in reasons:
-        print(f"  - {reason}")
+        print(printable(f"  - {reason}"))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         witness, contract = _load(witness_path, contract_path)
     except CheckInputError as error:
-        print(f"shape check: {error}", file=sys.stderr)
+        print(printable(f"shape check: {error}"), file=sys.stderr)
         if args.json:
             # A machine reader still gets one JSON line; RED is neither verdict.
             print(json.dumps({"verdict": "RED", "reasons": [str(error)]}))

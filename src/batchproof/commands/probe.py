@@ -4,6 +4,7 @@ import argparse
 import asyncio
 import sys
 
+from batchproof.common.printable import printable
 from batchproof.probe.config import add_config_arguments, config_from_args
 from batchproof.probe.display import ProgressDisplay, report_lines
 from batchproof.probe.matrix import MatrixError, load_matrix
@@ -23,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _fail(message: str, code: int) -> int:
-    print(f"batchproof probe: {message}", file=sys.stderr)
+    print(printable(f"batchproof probe: {message}"), file=sys.stderr)
     return code
 
 

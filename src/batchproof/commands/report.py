@@ -8,6 +8,8 @@ from pathlib import Path
 from batchproof.check.contract import ContractError, load_contract
 from batchproof.check.rules import judge
 from batchproof.check.witness import WitnessError, parse_witness
+from batchproof.common.printable import printable
+from batchproof.report.fields import check_shown_keys
 from batchproof.report.page import render
 
 EXIT_WRITTEN = 0
@@ -22,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _fail(message: str, code: int) -> int:
-    print(f"batchproof report: {message}", file=sys.stderr)
+    print(printable(f"batchproof report: {message}"), file=sys.stderr)
     return code
 
 
@@ -38,6 +40,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         text = path.read_bytes().decode("utf-8")
         typed = parse_witness(text)
+        raw = json.loads(text)  # the page also shows keys the check does not judge
+        check_shown_keys(raw)
         contract = load_contract(contract_path)
     except (OSError, UnicodeDecodeError) as err:
         return _fail(f"{path}: unreadable ({err})", EXIT_UNREADABLE)
@@ -47,10 +51,10 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"contract {contract_path}: {err}", EXIT_UNREADABLE)
     reasons = judge(typed, contract)
     verdict = "NOT ADMISSIBLE" if reasons else "ADMISSIBLE"
-    page = render(json.loads(text), verdict, reasons, contract.decode_ratio_c4_over_c1, path.name)
+    page = render(raw, verdict, reasons, contract.decode_ratio_c4_over_c1, path.name)
     try:
         out.write_text(page, encoding="utf-8")
     except OSError as err:
         return _fail(f"cannot write {out}: {err.strerror}", EXIT_NOT_A_FILE)
-    print(f"report: {out} ({verdict}, {len(reasons)} reason(s))")
+    print(printable(f"report: {out} ({verdict}, {len(reasons)} reason(s))"))
     return EXIT_WRITTEN

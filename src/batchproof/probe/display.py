@@ -1,5 +1,8 @@
 """What the probe shows: live progress while it runs and the short report at the end."""
 
+# Every line passes through `printable`: lines quote what the server sent (its error messages,
+# replica ids, model name), and a server must not be able to drive the user's terminal.
+
 import sys
 from collections import Counter
 from types import TracebackType
@@ -7,6 +10,8 @@ from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
+from batchproof.common.printable import printable
 
 
 class ProgressDisplay:
@@ -38,6 +43,7 @@ class ProgressDisplay:
             self._progress.stop()
 
     def note(self, line: str) -> None:
+        line = printable(line)
         if self._progress is not None:
             self._progress.console.print(line, highlight=False, markup=False)
         else:
@@ -138,7 +144,7 @@ def report_lines(witness: dict[str, Any]) -> list[str]:
     stable = "stable" if reference["stable"] else "NOT STABLE"
     why = f" ({reference['reason']})" if reference.get("reason") else ""
     fleet = witness.get("fleet")
-    return [
+    lines = [
         f"batchproof probe: {witness['result']} (declared_min {witness['declared_min']}, "
         f"n_predict {witness['sampler']['max_tokens']})",
         f"  m=1 reference: {stable} tokens={_or_dash(reference['tokens'])} "
@@ -146,3 +152,4 @@ def report_lines(witness: dict[str, Any]) -> list[str]:
         *(line for band in witness["bands"] for line in (band_line(band, fleet is not None), *conflict_lines(band))),
         *(fleet_lines(fleet) if fleet is not None else []),
     ]
+    return [printable(line) for line in lines]
