@@ -16,7 +16,7 @@ import yaml
 from batchproof.check.contract import shipped_contract_text
 from batchproof.cli import main
 from batchproof.engine.model.default_model import default_model_path
-from tests.helpers.fleet import running_fleet
+from tests.helpers.fleet import listeners, running_fleet
 from tests.helpers.http import chat_body, parse_sse, wait_until
 from tests.helpers.probe_matrix import SHORT_MATRIX
 
@@ -99,6 +99,17 @@ def test_info_health_and_metrics(fleet, server) -> None:
         assert f'batchproof_batch_size_count{{replica="{replica["id"]}"}}' in metrics
 
 
+def test_a_local_fleet_listens_on_loopback_only(fleet) -> None:
+    """Ray's APIs run code for whoever reaches them: on one machine, no Ray process (GCS, raylet,
+    agents, controller, replicas) may listen beyond loopback; 0.0.0.0 and :: count as beyond."""
+    found = listeners(fleet.process.pid)
+    commands = " ".join(listener.command for listener in found)
+    # The walk must see Ray's processes, or an empty list would pass.
+    for ray_process in ("gcs_server", "raylet", "ray::DashboardAgent", "ray::ServeReplica"):
+        assert ray_process in commands, f"no listener of {ray_process} in the fleet's process tree"
+    assert any(listener.port == int(fleet.url.rsplit(":", 1)[1]) for listener in found), "the ingress"
+    outside = [str(listener) for listener in found if not listener.is_loopback]
+    assert not outside, "listening beyond loopback:\n" + "\n".join(outside)
 
 
 def test_probe_fleet_passes_and_the_witness_is_admissible(fleet, tmp_path, capsys) -> None:

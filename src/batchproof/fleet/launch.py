@@ -15,6 +15,7 @@ from batchproof.engine.config import EngineConfig
 from batchproof.engine.model.known_models import resolve_model
 from batchproof.engine.model_front import ModelFront
 from batchproof.fleet.config import FleetConfig
+from batchproof.fleet.loopback import LOOPBACK, keep_ray_on_loopback, require_loopback_node
 from batchproof.fleet.metrics import use_replica_batch_sizes
 from batchproof.fleet.registry import NAMESPACE, start_registry
 from batchproof.fleet.replica import as_deployment
@@ -41,7 +42,12 @@ def start_ray(fleet: FleetConfig) -> None:
         ray.init(address=fleet.address, namespace=NAMESPACE, log_to_driver=False)
         return
     cpus = max(os.cpu_count() or 1, fleet.replicas * fleet.threads_per_replica)
-    ray.init(num_cpus=cpus, namespace=NAMESPACE, include_dashboard=False, log_to_driver=False)
+    # One machine: every Ray listener on loopback, so nobody on the network reaches Ray's APIs
+    # (they run code) past --api-key. A cluster across machines is secured as docs/fleet.md says.
+    keep_ray_on_loopback()
+    ray.init(num_cpus=cpus, namespace=NAMESPACE, include_dashboard=False, log_to_driver=False,
+             _node_ip_address=LOOPBACK)
+    require_loopback_node()
 
 
 def start_replicas(fleet: FleetConfig, server_config: ServerConfig, engine_config: EngineConfig):
