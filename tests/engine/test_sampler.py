@@ -8,7 +8,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchproof.engine.sampler import SamplingError, apply_penalties, banned_for_step, choose_token
+from batchproof.engine.sampler import (
+    SamplingError,
+    apply_penalties,
+    banned_for_step,
+    choose_token,
+    logit_bias_tensors,
+)
 from batchproof.engine.sampling_params import SamplingParams, SamplingParamsError
 
 NAN, INF = float("nan"), float("inf")
@@ -240,3 +246,25 @@ def test_processed_logits_are_the_distribution_sampled_from() -> None:
     assert torch.allclose(torch.softmax(processed, -1), probs / probs.sum(), atol=1e-6)
     greedy = SamplingParams(temperature=0.0)
     assert torch.equal(processed_logits(logits, greedy, frozenset()), logits)  # greedy: the logits, as vLLM
+
+
+@settings(max_examples=50, deadline=None)
+@given(seed=st.integers(0, 2**31), dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+       num_entries=st.sampled_from([1, 7, 300, 4096]))
+def test_logit_bias_in_one_tensor_operation_is_bitwise_the_entries_added_one_by_one(seed, dtype, num_entries) -> None:
+    """The bias is applied with one indexed add (a full-vocabulary bias looped in Python once
+    stalled every request for minutes): each logit gets the same rounding as `logits[i] += b`."""
+    generator = torch.Generator().manual_seed(seed)
+    vocab = 4096
+    logits = (torch.randn(vocab, generator=generator) * 30).to(dtype)
+    ids = torch.randperm(vocab, generator=generator)[:num_entries].tolist()
+    values = ((torch.rand(num_entries, generator=generator, dtype=torch.float64) - 0.5) * 200).tolist()
+    bias = dict(zip(ids, values))
+    expected = logits.clone()
+    for token_id, value in bias.items():
+        expected[token_id] += value
+    got = apply_penalties(logits, SamplingParams(logit_bias=bias), set(), Counter())
+    assert torch.equal(got.view(torch.int16 if dtype == torch.bfloat16 else torch.int32),
+                       expected.view(torch.int16 if dtype == torch.bfloat16 else torch.int32))
+    prebuilt = apply_penalties(logits, SamplingParams(logit_bias=bias), set(), Counter(), logit_bias_tensors(bias))
+    assert torch.equal(prebuilt, got)

@@ -18,9 +18,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def configs(args: argparse.Namespace, command: str) -> tuple[ServerConfig, EngineConfig] | None:
     """The server's and the engine's settings, with the model checked to exist (a name or a
     missing file fails here, before anything starts); None after saying why on stderr."""
+    from batchproof.server.auth import read_api_keys
+
     try:
         server_config = dataclass_from_args(ServerConfig, args)
         engine_config = dataclass_from_args(EngineConfig, args)
+        read_api_keys(server_config.api_key, server_config.api_key_file)  # a missing key file fails here
     except ConfigError as e:
         print(f"batchproof {command}: {e}", file=sys.stderr)
         return None

@@ -1,11 +1,14 @@
 """The engine's own thread, and the asyncio side that submits requests and reads their deltas."""
 
 import asyncio
+import contextlib
 import os
 import queue
 import socket
+import sys
 import threading
 import time
+import traceback
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
@@ -13,6 +16,9 @@ from batchproof.engine.engine import BatchSummary, Engine
 from batchproof.engine.sampling_params import SamplingParams
 from batchproof.engine.sequence import RequestOutput
 
+# A step that raises fails its own requests and the engine goes on; this many in a row mean
+# the engine itself is broken (a fault before anyone is scheduled repeats for ever): it stops.
+MAX_CONSECUTIVE_FAULTS = 3
 # A burst rarely arrives in one instant (each request is parsed and tokenized in turn),
 # so an idle engine keeps waiting while arrivals keep coming, up to this long in all.
 MAX_GATHER_S = 1.0
@@ -39,6 +45,37 @@ class _Abort:
     request_id: str
 
 
+class _Deltas:
+    """One queued request's deltas. Closing it (or dropping it unread) before the final delta
+    aborts the request, so a request queued at admission never runs for a reader that left."""
+
+    def __init__(self, sink: asyncio.Queue, abort: Callable[[], None]) -> None:
+        self._sink = sink
+        self._abort = abort
+        self._finished = False
+
+    def __aiter__(self) -> "_Deltas":
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self._finished:
+            raise StopAsyncIteration
+        out = await self._sink.get()
+        self._finished = out.finish_reason is not None
+        return out
+
+    async def aclose(self) -> None:
+        self._close()
+
+    def __del__(self) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        if not self._finished:  # the client left, timed out or the handler failed
+            self._finished = True
+            self._abort()
+
+
 class AsyncEngine:
     """One thread owns the engine; everything else talks to it through `_inbox`."""
 
@@ -53,7 +90,14 @@ class AsyncEngine:
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="batchproof-engine", daemon=True)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.failure: BaseException | None = None
+        self.failure: BaseException | None = None  # the engine stopped for good
+        self.num_faults = 0  # steps that raised; their requests failed and the engine went on
+        self.last_fault: str | None = None
+        self._consecutive_faults = 0
+        # Requests put in the inbox and taken from it: each counter has one writer (the event
+        # loop, the engine thread), so their difference needs no lock; aborts are not counted.
+        self._num_put = 0
+        self._num_taken = 0
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -67,7 +111,7 @@ class AsyncEngine:
     @property
     def num_waiting(self) -> int:
         """Requests submitted and not yet running (the queue depth)."""
-        return self.engine.num_waiting + self._inbox.qsize()
+        return self.engine.num_waiting + self._num_put - self._num_taken
 
     @property
     def num_running(self) -> int:
@@ -79,25 +123,24 @@ class AsyncEngine:
 
     async def open(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> Opened:
         """The one way the server starts a request (a fleet's stand-in answers the same call
-        after a replica has taken it); the request is queued when its deltas are first read."""
-        return Opened(self.replica_id, self.generate(request_id, prompt_ids, params))
+        after a replica has taken it). The request is queued at once, with no await between
+        the server's admission and here: the queue depth counts it before the next request is
+        admitted, so simultaneous arrivals cannot overshoot --max-queue."""
+        return Opened(self.replica_id, self._queue(request_id, prompt_ids, params))
 
     async def generate(self, request_id: str, prompt_ids: list[int], params: SamplingParams
                        ) -> AsyncIterator[RequestOutput]:
         """Deltas for one request until it finishes; leaving early aborts it in the engine."""
-        sink: asyncio.Queue = asyncio.Queue()
-        self._inbox.put(_Add(request_id, prompt_ids, params, sink))
-        finished = False
-        try:
-            while True:
-                out = await sink.get()
-                finished = out.finish_reason is not None
+        deltas = self._queue(request_id, prompt_ids, params)
+        async with contextlib.aclosing(deltas):
+            async for out in deltas:
                 yield out
-                if finished:
-                    return
-        finally:
-            if not finished:  # the client left, timed out or the handler failed
-                self._inbox.put(_Abort(request_id))
+
+    def _queue(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> _Deltas:
+        sink: asyncio.Queue = asyncio.Queue()
+        self._num_put += 1
+        self._inbox.put(_Add(request_id, prompt_ids, params, sink))
+        return _Deltas(sink, lambda: self._inbox.put(_Abort(request_id)))
 
     # --- the engine thread ---------------------------------------------------------------
 
@@ -109,8 +152,7 @@ class AsyncEngine:
                         continue
                     self._gather()
                 self._take(block=False)
-                outputs = self.engine.step()
-                self._deliver(outputs)
+                self._deliver(self._step())
                 summary = self.engine.take_batch_summary()
                 if summary is not None:
                     self.on_batch(summary)
@@ -118,6 +160,23 @@ class AsyncEngine:
             self.failure = e
             self._fail_all(f"engine stopped: {type(e).__name__}: {e}")
             raise
+
+    def _step(self) -> list:
+        """engine.step(); if it raises, only that step's requests fail (500s, error events)."""
+        try:
+            outputs = self.engine.step()
+        except Exception as e:
+            self.num_faults += 1
+            self.last_fault = f"{type(e).__name__}: {e}"
+            self._consecutive_faults += 1
+            print(f"batchproof: engine step failed ({self._consecutive_faults} in a row); failing its requests",
+                  file=sys.stderr)
+            traceback.print_exc(file=sys.stderr)
+            if self._consecutive_faults >= MAX_CONSECUTIVE_FAULTS:
+                raise
+            return self.engine.fail_step(e)
+        self._consecutive_faults = 0
+        return outputs
 
     def _take(self, block: bool, timeout: float | None = None) -> bool:
         """Apply inbox commands; True if a request arrived."""
@@ -131,6 +190,7 @@ class AsyncEngine:
             if command is None:
                 return arrived
             if isinstance(command, _Add):
+                self._num_taken += 1
                 try:
                     self.engine.add_request(command.request_id, command.prompt_ids, command.params)
                 except ValueError as e:  # refused alone; the engine and the others go on

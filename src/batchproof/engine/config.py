@@ -35,7 +35,12 @@ class EngineConfig:
     )
     num_threads: int | None = field(default=None, metadata={"help": "CPU threads (default: all cores)"})
     max_prefill_tokens: int = field(
-        default=2048, metadata={"help": "prompt tokens prefilled in one step before decoding resumes"}
+        default=2048, metadata={"help": "prompt tokens prefilled in one step when nothing else is decoding"}
+    )
+    prefill_tokens_per_decode: int = field(
+        default=2, metadata={"help": "while others decode, prompt tokens prefilled between two decode steps per "
+                                     "decoding sequence (at least 32): more gives newcomers their first token "
+                                     "sooner, fewer keeps running streams' per-token latency low"}
     )
     weights: Literal["native", "float32"] = field(
         default="native",
@@ -65,6 +70,8 @@ class EngineConfig:
             f"num_threads must be >= 1, got {self.num_threads}",
         )
         require(self.prefix_cache_mb >= 0, f"prefix_cache_mb must be >= 0, got {self.prefix_cache_mb}")
+        require(self.prefill_tokens_per_decode >= 1,
+                f"prefill_tokens_per_decode must be >= 1, got {self.prefill_tokens_per_decode}")
         require(self.max_prefill_tokens >= 1, f"max_prefill_tokens must be >= 1, got {self.max_prefill_tokens}")
         require(
             self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),

@@ -19,7 +19,7 @@ from batchproof.engine.outputs import OutputProcessor
 from batchproof.engine.prefix_cache import PrefixCache
 from batchproof.engine.runner import ModelRunner
 from batchproof.engine.sampling_params import SamplingParams
-from batchproof.engine.scheduler import Scheduler
+from batchproof.engine.scheduler import ScheduledStep, Scheduler
 from batchproof.engine.sequence import RequestOutput, Sequence, Status
 from batchproof.engine.text_stream import TextStream
 
@@ -74,12 +74,14 @@ class Engine:
         self.prefix_cache = self._prefix_cache()
         self.runner = ModelRunner(self.model, self.cache, config.max_batch, config.max_prefill_tokens,
                                   self.prefix_cache)
-        self.scheduler = Scheduler(config.max_batch, config.max_prefill_tokens, self.runner.retire)
+        self.scheduler = Scheduler(config.max_batch, config.max_prefill_tokens, self.runner.retire,
+                                   config.prefill_tokens_per_decode)
         self.end_ids = self.tokenizer.ids.end_of_turn_ids
         self.load_time_s = time.perf_counter() - started
         self._sequences: dict[str, Sequence] = {}
         self._batch_start: float | None = None
         self._batch_max = 0
+        self._stepping: list[Sequence] = []  # whom the current step runs (fail_step ends them)
         self.outputs = OutputProcessor(self._sequences, self.end_ids, self.max_model_len,
                                        self.model.ops.normalizer_and_top_k, self.model.ops.first_max)
 
@@ -143,23 +145,38 @@ class Engine:
         if self.prefix_cache is not None:
             self.prefix_cache.make_room(self._live_kv_bytes())
         outputs = self.outputs.retired(scheduled.retired)
-        seqs = scheduled.prefill or scheduled.decode
-        if seqs:
+        self._stepping = scheduled.prefill or scheduled.decode
+        if self._stepping:
             self._note_batch(len(scheduled.decode))
-            logits, prompt_records = self._forward(scheduled.prefill, scheduled.decode)
-            outputs += self.outputs.process(seqs, logits, prompt_records)
+            seqs, logits, prompt_records = self._forward(scheduled)
+            if seqs:  # a prefill step that completed no prompt chooses nothing
+                outputs += self.outputs.process(seqs, logits, prompt_records)
+        self._stepping = []
         return outputs
+
+    def fail_step(self, error: Exception) -> list[RequestOutput]:
+        """After step() raised: its sequences end with an error and give their slots back at
+        the next step; those still waiting are untouched. A step that failed before choosing
+        whom to run leaves every running sequence in an unknown state: they all fail."""
+        failed = self._stepping or list(self.scheduler.running)
+        self._stepping = []
+        message = f"the engine step failed: {type(error).__name__}: {error}"
+        return [self.outputs.fail(seq, message) for seq in failed]
 
     def _live_kv_bytes(self) -> int:
         """What the running sequences' keys and values take (each holds its positions so far)."""
         return sum(s.num_tokens for s in self.scheduler.running) * self.cache.bytes_per_token
 
-    def _forward(self, prefill: list[Sequence], decode: list[Sequence]) -> tuple[torch.Tensor, list]:
-        """Logits [len(seqs), V] for the next token of each scheduled sequence."""
-        if not prefill:
-            return self.runner.decode(decode), [None] * len(decode)
-        results = self.runner.prefill(prefill)
-        return torch.stack([logits for logits, _ in results]), [records for _, records in results]
+    def _forward(self, scheduled: ScheduledStep) -> tuple[list[Sequence], torch.Tensor, list]:
+        """The sequences whose next token this step chooses (every decoding one, or the prompts
+        the prefill completed), their logits [len, V] and prompt records."""
+        if scheduled.decode:
+            return scheduled.decode, self.runner.decode(scheduled.decode), [None] * len(scheduled.decode)
+        done = self.runner.prefill(scheduled.prefill, scheduled.prefill_budget)
+        if not done:
+            return [], torch.empty(0), []
+        seqs, logits, records = zip(*done)
+        return list(seqs), torch.stack(logits), list(records)
 
     # --- batch accounting --------------------------------------------------------------
 
@@ -214,6 +231,7 @@ class Engine:
             "batch_window_ms": self.config.batch_window_ms,
             "max_model_len": self.max_model_len,
             "max_prefill_tokens": self.config.max_prefill_tokens,
+            "prefill_tokens_per_decode": self.config.prefill_tokens_per_decode,
             "batch_invariant": self.config.is_batch_invariant,
             "decode_path": self.model.ops.decode_path,
             "numerics": self.model.ops.numerics,

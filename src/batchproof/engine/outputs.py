@@ -49,7 +49,8 @@ class OutputProcessor:
         return n
 
     def _sample_and_record(self, seqs: list[Sequence], logits: torch.Tensor) -> list[_Choice]:
-        rows = [apply_penalties(logits[i], s.params, s.seen_ids, s.output_counts) for i, s in enumerate(seqs)]
+        rows = [apply_penalties(logits[i], s.params, s.seen_ids, s.output_counts, s.logit_bias)
+                for i, s in enumerate(seqs)]
         banned = [banned_for_step(s.params, self.end_ids, len(s.output_ids)) for s in seqs]
         choices = self._choose(seqs, rows, banned)
         # Records read the same logits the choice read, after it: asking for them changes nothing.
@@ -140,6 +141,15 @@ class OutputProcessor:
             finish_reason=seq.finish_reason, error=seq.error, num_kept_tokens=seq.text.num_kept_tokens,
             num_cached_tokens=seq.num_cached_tokens,
         )
+
+    def fail(self, seq: Sequence, message: str) -> RequestOutput:
+        """End a sequence whose step raised. Its keys and values may be half written, so none
+        of them reaches the prefix cache when the scheduler retires it."""
+        seq.error, seq.finish_reason = message, "error"
+        seq.num_computed = 0
+        if seq.request_id not in self.sequences:  # it finished inside the failed step, whose outputs are lost
+            return self._output(seq, TextDelta())
+        return self._finish(seq, TextDelta())
 
     def retired(self, retired: list[Sequence]) -> list[RequestOutput]:
         outputs = []

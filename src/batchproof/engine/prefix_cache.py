@@ -68,19 +68,22 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._blocks)
 
-    def keys(self, token_ids: list[int], num_blocks: int) -> list[bytes]:
-        """The keys of the first num_blocks full blocks of token_ids."""
-        keys, key, size = [], self._seed, self.block_size
+    def keys(self, token_ids: list[int], num_blocks: int, namespace: str = "") -> list[bytes]:
+        """The keys of the first num_blocks full blocks of token_ids, in `namespace` (a request's
+        cache_namespace): the same tokens in two namespaces are two unrelated chains."""
+        seed = self._seed if not namespace else hashlib.blake2b(self._seed + namespace.encode(),
+                                                                digest_size=16).digest()
+        keys, key, size = [], seed, self.block_size
         for i in range(num_blocks):
             key = hashlib.blake2b(key + array("q", token_ids[i * size:(i + 1) * size]).tobytes(),
                                   digest_size=16).digest()
             keys.append(key)
         return keys
 
-    def match(self, token_ids: list[int], limit: int, need_hidden: bool) -> list[Block]:
-        """The cached blocks that open token_ids, covering at most `limit` tokens (and,
-        when asked, only blocks that kept their hidden states)."""
-        keys = self.keys(token_ids, limit // self.block_size)
+    def match(self, token_ids: list[int], limit: int, need_hidden: bool, namespace: str = "") -> list[Block]:
+        """The cached blocks that open token_ids in `namespace`, covering at most `limit` tokens
+        (and, when asked, only blocks that kept their hidden states)."""
+        keys = self.keys(token_ids, limit // self.block_size, namespace)
         found: list[Block] = []
         for key in keys:
             block = self._blocks.get(key)

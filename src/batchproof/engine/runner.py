@@ -1,5 +1,7 @@
 """Turning scheduled sequences into model inputs and logits (prefill and batched decode)."""
 
+from dataclasses import dataclass
+
 import torch
 
 from batchproof.engine.kv_cache import KVCache
@@ -7,6 +9,16 @@ from batchproof.engine.logprobs import TokenRecord, build_records
 from batchproof.engine.model.transformer import Segment, Transformer
 from batchproof.engine.prefix_cache import Block, PrefixCache
 from batchproof.engine.sequence import Sequence
+
+
+@dataclass
+class PrefillProgress:
+    """A prompt part-way through prefill: what the steps so far computed."""
+
+    begin: int  # the first position computed (before it: blocks from the prefix cache)
+    ids: torch.Tensor  # the prompt's ids [n]
+    computed: list[torch.Tensor]  # the hidden rows of each chunk since `begin`
+    scored: list  # prompt records so far (when prompt logprobs are asked for)
 
 
 class ModelRunner:
@@ -19,53 +31,86 @@ class ModelRunner:
         self.prefix_cache = prefix_cache
         self.device = model.device
 
-    def prefill(self, seqs: list[Sequence]) -> list[tuple[torch.Tensor, list[TokenRecord | None] | None]]:
-        """Feed the prompts of newly admitted sequences -> per sequence, (its last position's
-        logits [V], its prompt records or None).
+    def prefill(self, seqs: list[Sequence], budget: int) -> list[tuple[Sequence, torch.Tensor, list | None]]:
+        """Feed up to `budget` prompt tokens of the prefilling sequences, in order -> for each
+        prompt that this step completed, (its sequence, its last position's logits [V], its
+        prompt records or None). A prompt may take several steps (decode steps run between
+        them), resuming where it stopped (`seq.prefill`).
 
-        A prompt's opening blocks come from the prefix cache when it holds them; the rest is
-        cut into chunks of max_prefill_tokens. Where the model can share a call without
-        changing a bit (`batches_prefill`), the chunks of every newcomer go through
-        together, else one prompt at a time. Prompt scoring turns each chunk's logits into
-        records at once, so at most one chunk of logits is held.
+        A prompt's opening blocks come from the prefix cache when it holds them. Where a
+        position's bits do not depend on how the prompt was cut (`reuses_prefixes`: our
+        kernels), a step takes any number of tokens; elsewhere (torch's BLAS) chunks stay on
+        the grid of max_prefill_tokens from position 0, whatever the budget, so the bits of a
+        prompt never depend on what else was running. Where the model can share a call
+        without changing a bit (`batches_prefill`), the chunks of several prompts go through
+        together. Prompt scoring turns each chunk's logits into records at once.
         """
-        groups = [seqs] if self.model.ops.batches_prefill else [[seq] for seq in seqs]
         size = self.max_prefill_tokens
-        results: dict[int, tuple] = {}
+        spans: list[tuple[Sequence, int, int]] = []  # (seq, first position, tokens) this step
+        for seq in seqs:
+            if budget <= 0:
+                break
+            if seq.prefill is None:
+                self._start_prefill(seq)
+            start, end = seq.num_computed, len(seq.prompt_ids)
+            if self.model.ops.reuses_prefixes:
+                stop = min(end, start + budget)
+            else:
+                stop = min(end, (start // size + 1) * size)  # the rest of this grid chunk
+            spans.append((seq, start, stop - start))
+            budget -= stop - start
+        groups = [spans] if self.model.ops.batches_prefill else [[span] for span in spans]
         for group in groups:
-            scored: dict[int, list] = {id(s): [None] for s in group}  # nothing predicts a first token
-            begin = {id(s): self._reuse(s, scored[id(s)]) for s in group}
-            ids = {id(s): torch.tensor(s.prompt_ids, dtype=torch.int64, device=self.device) for s in group}
-            computed: dict[int, list[torch.Tensor]] = {id(s): [] for s in group}
-            num_chunks = max(-(-(len(s.prompt_ids) - begin[id(s)]) // size) for s in group)
-            for chunk in range(num_chunks):
-                active = [s for s in group if begin[id(s)] + chunk * size < len(s.prompt_ids)]
-                starts = [begin[id(s)] + chunk * size for s in active]
-                segments = [Segment(ids[id(s)][start:start + size], start, s.slot) for s, start in zip(active, starts)]
+            done = {id(seq): 0 for seq, _, _ in group}
+            while any(done[id(seq)] < n for seq, _, n in group):
+                active = [(seq, start + done[id(seq)], min(size, n - done[id(seq)]))
+                          for seq, start, n in group if done[id(seq)] < n]
+                segments = [Segment(seq.prefill.ids[at:at + n], at, seq.slot) for seq, at, n in active]
                 hidden = self.model.prefill(segments, self.cache)
-                for seq, start, rows in zip(active, starts, hidden.split([len(seg.token_ids) for seg in segments])):
-                    computed[id(seq)].append(rows)
+                for (seq, at, n), rows in zip(active, hidden.split([n for _, _, n in active])):
+                    seq.prefill.computed.append(rows)
                     if seq.params.prompt_logprobs is not None:
-                        scored[id(seq)] += self._score(seq, start, rows)
-            last_logits = self.model.logits(torch.cat([computed[id(s)][-1][-1:] for s in group])).cpu()
-            for seq, logits in zip(group, last_logits):
-                seq.num_computed = len(seq.prompt_ids)
-                self._keep_prompt(seq, begin[id(seq)], computed[id(seq)], scored[id(seq)])
-                results[id(seq)] = (logits, scored[id(seq)] if seq.params.prompt_logprobs is not None else None)
-        return [results[id(seq)] for seq in seqs]
+                        seq.prefill.scored += self._score(seq, at, rows)
+                    seq.num_computed = at + n
+                    done[id(seq)] += n
+        finished = [seq for seq, _, _ in spans if seq.num_computed == len(seq.prompt_ids)]
+        if not finished:
+            return []
+        rows = [seq.prefill.computed[-1][-1:] for seq in finished]
+        # One LM-head call where rows cannot change each other's bits; else one call per prompt.
+        calls = [torch.cat(rows)] if self.model.ops.batches_prefill else rows
+        last_logits = torch.cat([self.model.logits(x) for x in calls]).cpu()
+        results = []
+        for seq, logits in zip(finished, last_logits):
+            progress, seq.prefill = seq.prefill, None
+            self._keep_prompt(seq, progress.begin, progress.computed, progress.scored)
+            results.append((seq, logits, progress.scored if seq.params.prompt_logprobs is not None else None))
+        return results
+
+    def _start_prefill(self, seq: Sequence) -> None:
+        scored: list = [None]  # nothing predicts a first token
+        begin = self._reuse(seq, scored)
+        seq.num_computed = begin
+        seq.prefill = PrefillProgress(begin, torch.tensor(seq.prompt_ids, dtype=torch.int64, device=self.device),
+                                      [], scored)
 
     # --- the prefix cache ---------------------------------------------------------------
+
+    def _cache_for(self, seq: Sequence) -> PrefixCache | None:
+        """The prefix cache, unless the request may neither reuse nor leave prefixes (a
+        cache_namespace of None)."""
+        return None if seq.params.cache_namespace is None else self.prefix_cache
 
     def _reuse(self, seq: Sequence, scored: list) -> int:
         """Copy the cached blocks that open seq's prompt into its slot (and score them when
         prompt logprobs are asked for) -> the first position left to compute."""
-        cache = self.prefix_cache
+        cache = self._cache_for(seq)
         if cache is None:
             return 0
         n, size = len(seq.prompt_ids), cache.block_size
         wants_scores = seq.params.prompt_logprobs is not None
         # The last prompt token is always computed: its logits choose the first reply token.
-        blocks = cache.match(seq.prompt_ids, n - 1, need_hidden=wants_scores)
+        blocks = cache.match(seq.prompt_ids, n - 1, need_hidden=wants_scores, namespace=seq.params.cache_namespace)
         begin = len(blocks) * size
         cache.stats.queried_tokens += n
         cache.stats.hit_tokens += begin
@@ -97,11 +142,11 @@ class ModelRunner:
         """After prefill: the prompt's full blocks this sequence computed, with their hidden
         states, and its prompt records (block i keeps the records whose targets are its own
         positions) when it scored them."""
-        cache = self.prefix_cache
+        cache = self._cache_for(seq)
         if cache is None:
             return
         size = cache.block_size
-        keys = cache.keys(seq.prompt_ids, len(seq.prompt_ids) // size)
+        keys = cache.keys(seq.prompt_ids, len(seq.prompt_ids) // size, seq.params.cache_namespace)
         top_n = seq.params.prompt_logprobs
 
         def records(i: int) -> list | None:
@@ -129,10 +174,10 @@ class ModelRunner:
         if cache is None:
             return
         cache.leaving(seq.num_tokens * self.cache.bytes_per_token)
-        if seq.num_computed < cache.block_size:
+        if self._cache_for(seq) is None or seq.num_computed < cache.block_size:
             return
         tokens = (seq.prompt_ids + seq.output_ids)[:seq.num_computed]
-        keys = cache.keys(tokens, len(tokens) // cache.block_size)
+        keys = cache.keys(tokens, len(tokens) // cache.block_size, seq.params.cache_namespace)
         cache.insert(keys, {i: self._block(seq.slot, i, None) for i in cache.missing(keys, need_hidden=False)})
 
     def _block(self, slot: int, index: int, hidden: torch.Tensor | None, records: list | None = None,

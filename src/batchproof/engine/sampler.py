@@ -14,12 +14,25 @@ class SamplingError(RuntimeError):
     """Nothing can be chosen: every logit is NaN or banned."""
 
 
+LogitBias = tuple[torch.Tensor, torch.Tensor]  # (ids int64 [K], biases float32 [K]), ids distinct
+
+
+def logit_bias_tensors(logit_bias: dict[int, float], device: torch.device | str = "cpu") -> LogitBias | None:
+    """A request's logit_bias as tensors, built once per sequence (not per step). The biases are
+    rounded to float32 here, as torch rounds a Python float scalar (through float) for a row."""
+    if not logit_bias:
+        return None
+    ids = torch.tensor(list(logit_bias), dtype=torch.int64, device=device)
+    return ids, torch.tensor(list(logit_bias.values()), dtype=torch.float32, device=device)
+
+
 def apply_penalties(logits: torch.Tensor, params: SamplingParams, seen_ids: set[int],
-                    output_counts: Counter[int]) -> torch.Tensor:
+                    output_counts: Counter[int], bias: LogitBias | None = None) -> torch.Tensor:
     """logits: [V] -> the logits the choice and the record read (a new tensor if changed).
 
     Repetition (over prompt and output, as vLLM and transformers do), presence and
-    frequency (over the output, as OpenAI does), then logit_bias.
+    frequency (over the output, as OpenAI does), then logit_bias (`bias`: its tensors, as
+    logit_bias_tensors(params.logit_bias) makes them; the engine builds them once per sequence).
     """
     if not params.has_penalties:
         return logits
@@ -32,8 +45,15 @@ def apply_penalties(logits: torch.Tensor, params: SamplingParams, seen_ids: set[
         ids = torch.tensor(list(output_counts), dtype=torch.int64, device=logits.device)
         counts = torch.tensor(list(output_counts.values()), dtype=logits.dtype, device=logits.device)
         logits[ids] -= params.presence_penalty + params.frequency_penalty * counts
-    for token_id, bias in params.logit_bias.items():
-        logits[token_id] += bias
+    if bias is None:
+        bias = logit_bias_tensors(params.logit_bias)
+    if bias is not None:
+        # One tensor operation, however many entries: a full-vocabulary bias looped in Python
+        # stalled every other request for minutes. Ids are distinct, so each logit gets exactly
+        # the rounding of `logits[i] += b` (b rounded to the row's dtype, added in float32,
+        # rounded back): the bits of adding the entries one by one.
+        ids, values = (t.to(logits.device) for t in bias)
+        logits[ids] = (logits[ids].float() + values.to(logits.dtype).float()).to(logits.dtype)
     return logits
 
 

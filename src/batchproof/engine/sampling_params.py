@@ -42,6 +42,11 @@ class SamplingParams:
     # bans, temperature and truncation) or "processed" (the one the token was chosen from).
     # Prompt records are always raw: no choice was made there.
     logprobs_mode: Literal["raw", "processed"] = "raw"
+    # Whose cached prefixes this request may reuse, and under which name its own are kept: ""
+    # is the shared namespace; None reuses nothing and keeps nothing. Not a sampling setting,
+    # but it travels with the request wherever it runs (a fleet's replica too). The bits do not
+    # depend on it: a hit in any namespace gives those of computing afresh.
+    cache_namespace: str | None = ""
 
     def __post_init__(self) -> None:
         _check(0.0 <= self.temperature <= 2.0, "temperature", f"temperature must be in [0, 2], got {self.temperature}")
@@ -54,9 +59,11 @@ class SamplingParams:
                f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
         _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty",
                f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
-        for token_id, bias in self.logit_bias.items():
-            _check(-100.0 <= bias <= 100.0, "logit_bias",
-                   f"logit_bias for token {token_id} must be in [-100, 100], got {bias}")
+        # min/max, not a loop: a request's n choices each check a bias of up to the whole vocabulary.
+        if self.logit_bias:
+            worst = min(self.logit_bias.values()), max(self.logit_bias.values())
+            _check(-100.0 <= worst[0] and worst[1] <= 100.0, "logit_bias",
+                   f"logit_bias values must be in [-100, 100], got {worst[0] if worst[0] < -100.0 else worst[1]}")
         _check(self.seed is None or -(2**63) <= self.seed < 2**64, "seed",
                f"seed must fit in 64 bits, got {self.seed}")
         _check(self.max_tokens >= 0, "max_tokens", f"max_tokens must be >= 0, got {self.max_tokens}")

@@ -4,10 +4,12 @@ import enum
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from batchproof.engine.logprobs import TokenRecord
+from batchproof.engine.sampler import LogitBias, logit_bias_tensors
 from batchproof.engine.sampling_params import SamplingParams
 from batchproof.engine.text_stream import TextStream
 
@@ -49,17 +51,25 @@ class Sequence:
     seen_ids: set[int] = field(default_factory=set)
     is_aborted: bool = False
     num_computed: int = 0  # leading positions whose keys and values are in the slot
+    prefill: Any = None  # while the prompt is part-way through prefill: the runner's PrefillProgress
     num_cached_tokens: int = 0  # of the prompt's, copied from the prefix cache
     finish_reason: str | None = None
     error: str | None = None
+    logit_bias: LogitBias | None = None  # params.logit_bias as tensors, built once
 
     def __post_init__(self) -> None:
         self.seen_ids = set(self.prompt_ids)
+        self.logit_bias = logit_bias_tensors(self.params.logit_bias)
 
     @property
     def num_tokens(self) -> int:
         """Positions in the KV cache once the last output token is fed back."""
         return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def is_prefilling(self) -> bool:
+        """Running, and its prompt not yet fed whole (its first token not yet chosen)."""
+        return self.num_computed < len(self.prompt_ids)
 
     @property
     def wants_records(self) -> bool:

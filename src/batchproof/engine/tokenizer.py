@@ -122,6 +122,9 @@ class Tokenizer:
         self._hf, self._bytes = TOKENIZER_MODELS[model](metadata, tokens, types)
         special = [i for i, t in enumerate(types) if t in (TOKEN_CONTROL, TOKEN_USER_DEFINED)]
         self.special_ids = frozenset(special)
+        # The most text one token stands for (its bytes, or a special token's spelling): a text
+        # longer than N of these has more than N tokens, known before tokenizing it.
+        self.max_token_text_bytes = max(1, *map(len, self._bytes), *(len(tokens[i].encode()) for i in special))
         eos = metadata.get("tokenizer.ggml.eos_token_id")
         bos = metadata.get("tokenizer.ggml.bos_token_id")
         declared = {metadata.get(k) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
@@ -142,6 +145,10 @@ class Tokenizer:
         if add_bos and self.ids.bos_id is not None:
             ids = [self.ids.bos_id, *ids]
         return ids
+
+    def min_num_tokens(self, text: str) -> int:
+        """A lower bound on len(encode(text)), without tokenizing (UTF-8 bytes / the longest token)."""
+        return -(-len(text.encode("utf-8", errors="surrogatepass")) // self.max_token_text_bytes)
 
     def decode_bytes(self, token_id: int) -> bytes:
         return self._bytes[token_id]

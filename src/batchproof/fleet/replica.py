@@ -3,6 +3,7 @@ Ray Serve. It is the single server's engine and AsyncEngine unchanged; only the 
 differs (a Serve method instead of an HTTP route)."""
 
 import asyncio
+import contextlib
 import os
 import socket
 import threading
@@ -17,6 +18,7 @@ from batchproof.engine.config import EngineConfig
 from batchproof.engine.engine import Engine
 from batchproof.engine.sampling_params import SamplingParams
 from batchproof.engine.sequence import RequestOutput
+from batchproof.fleet.loopback import bind_serve_grpc_to_node_address
 from batchproof.fleet.registry import HEARTBEAT_S, get_registry
 from batchproof.server.batch_log import BatchLog
 from batchproof.server.errors import APIError
@@ -38,6 +40,7 @@ class Refused:
 
 class EngineReplica:
     def __init__(self, engine_config: EngineConfig, max_queue: int) -> None:
+        bind_serve_grpc_to_node_address()  # Serve starts that server once this constructor returns
         self._stopping = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.replica_id = serve.get_replica_context().replica_id.unique_id
@@ -72,9 +75,12 @@ class EngineReplica:
         except APIError as e:
             yield Refused(e.status, e.message, e.type, e.headers)
             return
+        # Queued before the first yield: the next admission counts it (no --max-queue overshoot).
+        opened = await self.async_engine.open(request_id, prompt_ids, params)
         yield self.replica_id
-        async for out in self.async_engine.generate(request_id, prompt_ids, params):
-            yield out
+        async with contextlib.aclosing(opened.outputs):
+            async for out in opened.outputs:
+                yield out
 
     def check_health(self) -> None:
         """Serve restarts a replica whose engine thread died."""
@@ -89,6 +95,7 @@ class EngineReplica:
         return {**self._facts, "decode_path": info["decode_path"], "numerics_id": numerics_id(info),
                 "engine": info, "num_waiting": self.async_engine.num_waiting,
                 "num_running": self.async_engine.num_running, "num_free_slots": self.async_engine.num_free_slots,
+                "num_faults": self.async_engine.num_faults, "last_fault": self.async_engine.last_fault,
                 "batch_size": {"buckets": buckets, "sum": total}}
 
     def _report_loop(self) -> None:

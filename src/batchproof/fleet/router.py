@@ -97,6 +97,15 @@ class FleetBackend:
         return sum(r[key] for r in self._reports.latest() if r["alive"])
 
     @property
+    def num_faults(self) -> int:
+        """Steps that raised in the live replicas (each failed only its own requests there)."""
+        return self._sum("num_faults")
+
+    @property
+    def last_fault(self) -> str | None:
+        return next((r["last_fault"] for r in self._reports.latest() if r["alive"] and r["last_fault"]), None)
+
+    @property
     def num_waiting(self) -> int:
         # The replicas each hold their own queue and refuse past --max-queue; the ingress adds none.
         return 0

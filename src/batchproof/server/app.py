@@ -2,7 +2,6 @@
 
 import asyncio
 import contextlib
-import secrets
 import threading
 from collections.abc import AsyncIterator, Callable
 
@@ -16,7 +15,9 @@ from batchproof.engine.async_engine import AsyncEngine
 from batchproof.engine.config import EngineConfig
 from batchproof.engine.engine import Engine
 from batchproof.engine.load_errors import load_error_message
+from batchproof.server.auth import RequireAPIKey, read_api_keys
 from batchproof.server.batch_log import BatchLog
+from batchproof.server.body_limit import BodyLimit
 from batchproof.server.config import ServerConfig
 from batchproof.server.engine_client import Backend
 from batchproof.server.errors import APIError
@@ -24,9 +25,6 @@ from batchproof.server.metrics import RequestCounter
 from batchproof.server.openapi import install_openapi
 from batchproof.server.routes import admin, chat, completions
 from batchproof.server.state import ServerState
-
-# Probes and scrapers may call these without the API key, as with vLLM.
-OPEN_PATHS = {"/health", "/metrics"}
 
 
 class CatchAll:
@@ -51,22 +49,6 @@ class CatchAll:
                 raise
             await APIError(500, f"internal error: {type(error).__name__}: {error}",
                            type_="server_error").response()(scope, receive, send)
-
-
-class RequireAPIKey:
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
-        self.app = app
-        self.expected = f"Bearer {api_key}".encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not secrets.compare_digest(given, self.expected):
-                error = APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
-                                 param="authorization", code="invalid_api_key")
-                await error.response()(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
 
 
 # Starts what runs requests, off the event loop (it may load a model for seconds).
@@ -102,7 +84,10 @@ def create_app(server_config: ServerConfig, engine_config: EngineConfig, engine:
                start: StartBackend | None = None) -> FastAPI:
     """engine: an already loaded engine to serve (tests share one); start: what runs requests
     instead of a local engine (a fleet's router); else one engine is loaded at startup."""
-    state = ServerState(config=server_config, engine_config=engine_config)
+    api_keys = read_api_keys(server_config.api_key, server_config.api_key_file)
+    state = ServerState(config=server_config, engine_config=engine_config,
+                        prefix_cache_scope=server_config.prefix_cache_scope or ("key" if api_keys else "shared"),
+                        api_key_required=bool(api_keys))
     state.served_model_name = server_config.served_model_name or ""
     state.batch_log = BatchLog(state.metrics, server_config.log_file)
 
@@ -139,7 +124,8 @@ def create_app(server_config: ServerConfig, engine_config: EngineConfig, engine:
         return APIError(400, f"invalid request: {error.errors()[0].get('msg')}").response()
 
     app.add_middleware(CatchAll)
-    if server_config.api_key is not None:
-        app.add_middleware(RequireAPIKey, api_key=server_config.api_key)
+    app.add_middleware(BodyLimit, limit_bytes=server_config.max_request_bytes)
+    if api_keys:  # outside the body limit: a stranger's body is not even counted
+        app.add_middleware(RequireAPIKey, api_keys=api_keys)
     app.add_middleware(RequestCounter, metrics=state.metrics)  # outermost: counts 401s too
     return app

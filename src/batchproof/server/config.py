@@ -16,7 +16,22 @@ class ServerConfig:
     served_model_name: str | None = field(
         default=None, metadata={"help": "model id clients send (default: the GGUF file stem)"}
     )
-    api_key: str | None = field(default=None, metadata={"help": "require 'Authorization: Bearer KEY'"})
+    api_key: str | None = field(
+        default=None, metadata={"help": "require 'Authorization: Bearer KEY' (or set $BATCHPROOF_API_KEY, which "
+                                        "stays out of ps)"}
+    )
+    api_key_file: Path | None = field(
+        default=None, metadata={"help": "accept the keys in this file, one per line (each its own prefix-cache "
+                                        "namespace under --prefix-cache-scope key)"}
+    )
+    prefix_cache_scope: Literal["shared", "key", "salt"] | None = field(
+        default=None, metadata={"help": "who may reuse whose cached prefixes: shared (everyone; a request's "
+                                        "cache_salt still separates), key (each API key apart), salt (only requests "
+                                        "with the same cache_salt) [default: key with API keys, else shared]"}
+    )
+    max_request_mb: float = field(
+        default=8.0, metadata={"help": "largest request body read, in MiB (larger: 413 before reading it)"}
+    )
     log_file: Path | None = field(default=None, metadata={"help": "also append batch log lines here"})
     max_queue: int = field(default=256, metadata={"help": "waiting requests accepted before 429"})
     request_timeout_s: float = field(
@@ -30,17 +45,28 @@ class ServerConfig:
         metadata={"help": "most logprob entries one response may carry (counted at the worst case, tokens x "
                           "(1 + alternatives)); bounds a reply near 5 MB"},
     )
+    max_logit_bias: int = field(
+        default=1024, metadata={"help": "most entries one request's logit_bias may hold (each is one token id)"}
+    )
     logprobs_mode: Literal["raw", "processed"] = field(
         default="raw",
         metadata={"help": "default logprobs: raw (after penalties, before temperature and truncation) or "
                           "processed (the distribution sampled from)"},
     )
 
+    @property
+    def max_request_bytes(self) -> int:
+        return int(self.max_request_mb * 2**20)
+
     def __post_init__(self) -> None:
         require(0 <= self.port <= 65535, f"port must be 0..65535, got {self.port}")
+        require(self.max_request_mb > 0, f"max_request_mb must be > 0, got {self.max_request_mb}")
+        require(self.prefix_cache_scope in (None, "shared", "key", "salt"),
+                f"prefix_cache_scope must be shared, key or salt, got {self.prefix_cache_scope!r}")
         require(self.max_queue >= 1, f"max_queue must be >= 1, got {self.max_queue}")
         require(self.max_logprobs >= 0, f"max_logprobs must be >= 0, got {self.max_logprobs}")
         require(self.max_logprob_entries >= 1, f"max_logprob_entries must be >= 1, got {self.max_logprob_entries}")
+        require(self.max_logit_bias >= 0, f"max_logit_bias must be >= 0, got {self.max_logit_bias}")
         require(self.logprobs_mode in ("raw", "processed"),
                 f"logprobs_mode must be raw or processed, got {self.logprobs_mode!r}")
         require(self.request_timeout_s > 0, f"request_timeout_s must be > 0, got {self.request_timeout_s}")

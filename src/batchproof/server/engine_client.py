@@ -33,6 +33,8 @@ class Backend(Protocol):
 
     engine: EngineClient
     failure: BaseException | None  # set when no request can run any more (503s)
+    num_faults: int  # steps that raised and failed only their own requests (/health: degraded)
+    last_fault: str | None
 
     @property
     def num_waiting(self) -> int: ...

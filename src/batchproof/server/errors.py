@@ -8,10 +8,21 @@ from starlette.responses import JSONResponse
 STRUCTURAL_FIELDS = {"messages", "prompt", "tokens"}
 
 
+MAX_MESSAGE_CHARS = 1000  # an error never echoes a request back at length
+
+
+def shown(value: object) -> str:
+    """A value as an error message quotes it: its repr, cut to 80 characters."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 class APIError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None,
                  type_: str = "invalid_request_error", code: str | None = None,
                  headers: dict[str, str] | None = None) -> None:
+        if len(message) > MAX_MESSAGE_CHARS:  # the head says what, the tail says the limit
+            message = message[:MAX_MESSAGE_CHARS // 2] + " ... " + message[-MAX_MESSAGE_CHARS // 2:]
         super().__init__(message)
         self.status = status
         self.message = message
@@ -27,11 +38,6 @@ class APIError(Exception):
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
-def _shown(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
 def from_validation_error(error: ValidationError) -> APIError:
     """The first problem pydantic found, as an APIError naming the field and the value."""
     first = error.errors()[0]
@@ -39,7 +45,7 @@ def from_validation_error(error: ValidationError) -> APIError:
     if first["type"] == "json_invalid":
         return APIError(400, f"request body is not valid JSON: {first['ctx']['error']}")
     if not loc:
-        return APIError(400, f"request body must be a JSON object, got {_shown(first.get('input'))}")
+        return APIError(400, f"request body must be a JSON object, got {shown(first.get('input'))}")
     field = loc[0]
     where = ".".join(loc)
     if first["type"] == "missing":
@@ -48,9 +54,9 @@ def from_validation_error(error: ValidationError) -> APIError:
         return APIError(400, f"'{where}' is not a field batchproof supports (unknown fields are refused, "
                              "not ignored; see docs/api-fields.md)", param=field)
     if first["type"] == "unsupported":
-        return APIError(400, f"'{where}' ({_shown(first.get('input'))}) is {first['msg']}", param=field)
+        return APIError(400, f"'{where}' ({shown(first.get('input'))}) is {first['msg']}", param=field)
     status = 400 if field in STRUCTURAL_FIELDS else 422
-    return APIError(status, f"invalid value {_shown(first.get('input'))} for '{where}': {first['msg']}", param=field)
+    return APIError(status, f"invalid value {shown(first.get('input'))} for '{where}': {first['msg']}", param=field)
 
 
 def count_mismatch(num_entries: int, num_tokens: int) -> APIError:

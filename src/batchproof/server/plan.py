@@ -2,17 +2,21 @@
 limits, and one SamplingParams per choice (a request of P prompts and n choices runs P * n)."""
 
 import dataclasses
+import hashlib
 import re
 from dataclasses import dataclass
 
 from batchproof.engine.sampling_params import SamplingParams, SamplingParamsError
+from batchproof.engine.tokenizer import Tokenizer
 from batchproof.server.engine_client import EngineClient
-from batchproof.server.errors import APIError
+from batchproof.server.errors import APIError, shown
 from batchproof.server.protocol import SamplingFields
 
 MAX_CHAT_STOP_STRINGS = 4  # OpenAI's limit; lm-eval sends chat at most 4 too
 MAX_COMPLETION_STOP_STRINGS = 64  # lm-eval sends a task's whole `until` list to /v1/completions
-TOKEN_ID_KEY = re.compile(r"-?[0-9]+")  # ASCII digits only: str.isdigit() also takes "²", which int() refuses
+# ASCII digits only (str.isdigit() also takes "²", which int() refuses), and few of them: int()
+# refuses a string of more than 4,300 digits with a ValueError.
+TOKEN_ID_KEY = re.compile(r"-?[0-9]{1,18}")
 SEED_MODULUS = 2**64  # what torch.Generator.manual_seed takes, read as unsigned
 
 
@@ -25,6 +29,8 @@ class Limits:
     max_logprobs: int
     max_logprob_entries: int
     logprobs_mode: str  # the default when a request does not say
+    max_logit_bias: int
+    prefix_cache_scope: str = "shared"  # shared, key or salt (ServerConfig.prefix_cache_scope, resolved)
 
 
 @dataclass(frozen=True)
@@ -60,8 +66,33 @@ class Wanted:
 
 def check_model(requested: str | None, served: str) -> None:
     if requested is not None and requested != served:
-        raise APIError(404, f"The model '{requested}' does not exist; this server serves '{served}'",
+        raise APIError(404, f"The model {shown(requested)} does not exist; this server serves '{served}'",
                        param="model", code="model_not_found")
+
+
+def cache_namespace(scope: str, tenant: str | None, salt: str | None) -> str | None:
+    """The prefix-cache namespace of a request (SamplingParams.cache_namespace): under `shared`,
+    everyone's unless a cache_salt sets it apart (as vLLM); under `key`, also one per API key
+    (`tenant`, the key's id); under `salt`, only requests with the same salt share, and one
+    without a salt reuses nothing. A guessed prefix from another namespace is never a hit, so
+    `cached_tokens` tells a caller nothing about anyone else's prompts."""
+    if scope == "salt" and salt is None:
+        return None
+    parts = [f"salt={salt}" if salt is not None else ""]
+    if scope == "key" and tenant is not None:
+        parts.append(f"key={tenant}")
+    if not any(parts):
+        return ""
+    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()
+
+
+def check_text_fits(text: str, tokenizer: Tokenizer, max_tokens: int, where: str, param: str) -> None:
+    """Refuse a text of more than max_tokens tokens before paying to tokenize (or render) it."""
+    at_least = tokenizer.min_num_tokens(text)
+    if at_least > max_tokens:
+        raise APIError(400, f"{where} is too long: its {len(text)} characters make at least {at_least} tokens, "
+                            f"and {max_tokens} is the most taken here (the model's context or a multiple)",
+                       param=param)
 
 
 def choice_seed(seed: int | None, choice: int) -> int | None:
@@ -77,15 +108,18 @@ def _stop_strings(stop: str | list[str] | None, limit: int) -> tuple[str, ...]:
     if len(strings) > limit:
         raise APIError(400, f"'stop' takes at most {limit} strings here, got {len(strings)}", param="stop")
     if any(s == "" for s in strings):
-        raise APIError(400, f"'stop' strings must not be empty, got {strings!r}", param="stop")
+        raise APIError(400, f"'stop' strings must not be empty, got {shown(strings)}", param="stop")
     return tuple(strings)
 
 
-def _logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int, float]:
+def _logit_bias(bias: dict[str, float] | None, vocab_size: int, max_entries: int) -> dict[int, float]:
+    if bias is not None and len(bias) > max_entries:
+        raise APIError(400, f"'logit_bias' has {len(bias)} entries; this server takes at most {max_entries} "
+                            "(--max-logit-bias)", param="logit_bias")
     result = {}
     for key, value in (bias or {}).items():
         if not TOKEN_ID_KEY.fullmatch(key) or not 0 <= int(key) < vocab_size:
-            raise APIError(400, f"'logit_bias' key {key!r} is not a token id in 0..{vocab_size - 1}",
+            raise APIError(400, f"'logit_bias' key {shown(key)} is not a token id in 0..{vocab_size - 1}",
                            param="logit_bias")
         result[int(key)] = value
     return result
@@ -140,7 +174,8 @@ def _check_entries(wanted: Wanted, prompts: list[list[int]], limits_per_prompt: 
 
 
 def plan_request(req: SamplingFields, engine: EngineClient, limits: Limits, prompts: list[list[int]],
-                 wanted: Wanted) -> Plan:
+                 wanted: Wanted, tenant: str | None = None) -> Plan:
+    """`tenant`: the id of the API key that sent the request, if any (its cache namespace)."""
     if req.stream_options is not None and not req.stream:
         raise APIError(400, "'stream_options' is only allowed when 'stream' is true", param="stream_options")
     if req.stream and wanted.prompt_logprobs is not None and req.prompt_logprobs is not None:
@@ -162,7 +197,7 @@ def plan_request(req: SamplingFields, engine: EngineClient, limits: Limits, prom
             repetition_penalty=req.repetition_penalty or 1.0,
             presence_penalty=req.presence_penalty or 0.0,
             frequency_penalty=req.frequency_penalty or 0.0,
-            logit_bias=_logit_bias(req.logit_bias, engine.tokenizer.vocab_size),
+            logit_bias=_logit_bias(req.logit_bias, engine.tokenizer.vocab_size, limits.max_logit_bias),
             seed=req.seed,
             max_tokens=max_tokens[0],
             min_tokens=min_tokens,
@@ -171,6 +206,7 @@ def plan_request(req: SamplingFields, engine: EngineClient, limits: Limits, prom
             top_logprobs=wanted.top_logprobs,
             prompt_logprobs=wanted.prompt_logprobs,
             logprobs_mode=req.logprobs_mode or limits.logprobs_mode,
+            cache_namespace=cache_namespace(limits.prefix_cache_scope, tenant, req.cache_salt),
         )
     except SamplingParamsError as e:
         raise APIError(400, str(e), param=e.param) from None

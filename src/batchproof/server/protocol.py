@@ -67,6 +67,8 @@ class SamplingFields(_Strict):
     # batchproof's own: which distribution logprobs describe (default: the server's --logprobs-mode)
     logprobs_mode: LogprobsMode | None = None
     prompt_logprobs: NumLogprobs | None = None  # vLLM's: each prompt token's logprob and top K
+    # vLLM's: requests reuse only the cached prefixes of requests with the same salt.
+    cache_salt: Annotated[StrictStr, Field(min_length=1, max_length=256)] | None = None
     # Accepted and ignored on purpose (fields.IGNORED_FIELDS)
     user: StrictStr | None = None
     metadata: dict[StrictStr, StrictStr] | None = None

@@ -24,6 +24,8 @@ class ServerState:
     metrics: Metrics = field(default_factory=Metrics)
     async_engine: Backend | None = None  # once loaded (or connected, for a fleet)
     served_model_name: str = ""
+    prefix_cache_scope: str = "shared"  # the config's, resolved: "key" by default when API keys are set
+    api_key_required: bool = False
     load_error: str | None = None
     batch_log: BatchLog | None = None
     # Called (from the loader thread) when the model cannot load: `batchproof serve` stops the
@@ -43,7 +45,8 @@ class ServerState:
     def limits(self) -> Limits:
         return Limits(max_batch=self.engine_config.max_batch, max_choices=self.config.max_queue,
                       max_logprobs=self.config.max_logprobs, max_logprob_entries=self.config.max_logprob_entries,
-                      logprobs_mode=self.config.logprobs_mode)
+                      logprobs_mode=self.config.logprobs_mode, max_logit_bias=self.config.max_logit_bias,
+                      prefix_cache_scope=self.prefix_cache_scope)
 
 
 def parse_body(model: type[Model], body: bytes) -> Model:

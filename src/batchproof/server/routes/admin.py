@@ -4,10 +4,12 @@ import time
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
 
 from batchproof.server.errors import APIError
 from batchproof.server.info import server_info, tokenizer_facts
-from batchproof.server.plan import check_model
+from batchproof.server.messages import render_chat
+from batchproof.server.plan import check_model, check_text_fits
 from batchproof.server.protocol import DetokenizeRequest, TokenizeRequest
 from batchproof.server.state import ServerState, parse_body
 
@@ -15,6 +17,9 @@ router = APIRouter()
 
 # OpenAI routes we do not serve: a clear 501 naming the path, never a silent 404 or a
 # 200 that lacks logprobs.
+# /tokenize and /detokenize take up to this many contexts' worth (lm-eval's rolling
+# log-likelihoods tokenize whole documents), and no more: each is work on a worker thread.
+TOKENIZE_CONTEXTS = 16
 NOT_IMPLEMENTED = ["/v1/embeddings", "/v1/responses", "/v1/moderations", "/v1/images/generations",
                    "/v1/audio/speech", "/v1/audio/transcriptions", "/v1/edits"]
 
@@ -30,8 +35,11 @@ async def health(request: Request) -> Response:
         return JSONResponse({"status": "error", "error": state.load_error}, status_code=503)
     if state.async_engine is None:
         return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": "1"})
-    if state.async_engine.failure is not None:
-        return JSONResponse({"status": "error", "error": repr(state.async_engine.failure)}, status_code=503)
+    backend = state.async_engine
+    if backend.failure is not None:
+        return JSONResponse({"status": "error", "error": repr(backend.failure)}, status_code=503)
+    if backend.num_faults:  # steps that failed: their requests got errors, the others went on
+        return JSONResponse({"status": "degraded", "faults": backend.num_faults, "last_fault": backend.last_fault})
     return JSONResponse({"status": "ok"})
 
 
@@ -56,19 +64,21 @@ async def metrics(request: Request) -> Response:
 
 @router.post("/tokenize")
 async def tokenize(request: Request) -> dict:
+    return await run_in_threadpool(_tokenize, _state(request), await request.body())
+
+
+def _tokenize(state: ServerState, body: bytes) -> dict:
     """As vLLM's: add_special_tokens (the tokenizer's BOS) defaults to true for a prompt and to
-    false for messages, whose template writes its own."""
-    state = _state(request)
-    req = parse_body(TokenizeRequest, await request.body())
+    false for messages, whose template writes its own. On a worker thread."""
+    req = parse_body(TokenizeRequest, body)
     check_model(req.model, state.served_model_name)
     engine = state.engine
     if req.messages is not None:
-        messages = [m.for_template() for m in req.messages]
-        if engine.chat_template is None:
-            raise APIError(400, engine.chat_template_origin, param="messages", code="chat_template_missing")
-        text = engine.chat_template.render(messages, add_generation_prompt=req.add_generation_prompt)
+        text = render_chat(engine, req.messages, req.add_generation_prompt)
     elif req.prompt is not None or req.content is not None:
         text = req.prompt if req.prompt is not None else req.content
+        param = "prompt" if req.prompt is not None else "content"
+        check_text_fits(text, engine.tokenizer, TOKENIZE_CONTEXTS * engine.max_model_len, f"'{param}'", param)
     else:
         raise APIError(400, "give 'prompt' (or 'content') or 'messages'", param="prompt")
     add_special = req.add_special_tokens if req.add_special_tokens is not None else req.messages is None
@@ -93,6 +103,10 @@ async def detokenize(request: Request) -> dict:
     req = parse_body(DetokenizeRequest, await request.body())
     check_model(req.model, state.served_model_name)
     vocab = state.engine.tokenizer.vocab_size
+    most = TOKENIZE_CONTEXTS * state.engine.max_model_len
+    if len(req.tokens) > most:
+        raise APIError(400, f"'tokens' holds {len(req.tokens)} ids; this server detokenizes at most {most} "
+                            f"({TOKENIZE_CONTEXTS} contexts)", param="tokens")
     bad = [t for t in req.tokens if not 0 <= t < vocab]
     if bad:
         raise APIError(400, f"'tokens' holds id {bad[0]}, outside 0..{vocab - 1}", param="tokens")
@@ -104,8 +118,10 @@ async def info(request: Request) -> dict:
     state = _state(request)
     config = state.config
     settings = {"max_queue": config.max_queue, "request_timeout_s": config.request_timeout_s,
-                "api_key_required": config.api_key is not None, "logprobs_mode": config.logprobs_mode,
-                "max_logprobs": config.max_logprobs, "max_logprob_entries": config.max_logprob_entries}
+                "api_key_required": state.api_key_required, "logprobs_mode": config.logprobs_mode,
+                "max_logprobs": config.max_logprobs, "max_logprob_entries": config.max_logprob_entries,
+                "max_logit_bias": config.max_logit_bias, "max_request_mb": config.max_request_mb,
+                "prefix_cache_scope": state.prefix_cache_scope}
     return server_info(state.engine.info(), state.served_model_name, settings)
 
 

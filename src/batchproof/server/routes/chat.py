@@ -2,9 +2,12 @@
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
 
+from batchproof.server.auth import tenant
 from batchproof.server.errors import APIError
 from batchproof.server.formatting.chat import ChatFormatter
+from batchproof.server.messages import chat_prompt_ids
 from batchproof.server.plan import Plan, Wanted, check_model, plan_request
 from batchproof.server.protocol import ChatCompletionRequest
 from batchproof.server.runner import reply, submit
@@ -13,7 +16,9 @@ from batchproof.server.state import ServerState, parse_body
 router = APIRouter()
 
 
-def _plan(req: ChatCompletionRequest, state: ServerState) -> Plan:
+def _plan(body: bytes, state: ServerState, key_id: str | None) -> tuple[ChatCompletionRequest, Plan]:
+    """Parse, render and tokenize: on a worker thread (a maximal body takes seconds)."""
+    req = parse_body(ChatCompletionRequest, body)
     check_model(req.model, state.served_model_name)
     if not req.messages:
         raise APIError(400, "'messages' must hold at least one message, got []", param="messages")
@@ -21,22 +26,18 @@ def _plan(req: ChatCompletionRequest, state: ServerState) -> Plan:
         raise APIError(400, f"'top_logprobs' ({req.top_logprobs}) requires 'logprobs' to be true, "
                             f"got 'logprobs': {req.logprobs}", param="top_logprobs")
     engine = state.engine
-    messages = [m.for_template() for m in req.messages]
-    if engine.chat_template is None:  # a base model: completions only, never a guessed format
-        raise APIError(400, engine.chat_template_origin, param="messages", code="chat_template_missing")
-    prompt_ids = engine.chat_prompt_ids(messages)
+    prompt_ids = chat_prompt_ids(engine, req.messages)
     max_tokens, name = ((req.max_completion_tokens, "max_completion_tokens") if req.max_completion_tokens is not None
                         else (req.max_tokens, "max_tokens"))
     top_logprobs = (req.top_logprobs or 0) if req.logprobs else None
     wanted = Wanted(max_tokens, name, top_logprobs, "top_logprobs", prompt_logprobs=req.prompt_logprobs)
-    return plan_request(req, engine, state.limits, [prompt_ids], wanted)
+    return req, plan_request(req, engine, state.limits, [prompt_ids], wanted, key_id)
 
 
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(request: Request) -> Response:
     state: ServerState = request.app.state.server
-    req = parse_body(ChatCompletionRequest, await request.body())
-    plan = _plan(req, state)
+    req, plan = await run_in_threadpool(_plan, await request.body(), state, tenant(request))
     submitted = await submit(state, plan, "chatcmpl")
     formatter = ChatFormatter(submitted.request_id, state.served_model_name, state.engine.tokenizer, len(plan.choices),
                               wants_records=req.logprobs is True, include_usage=plan.include_usage,

@@ -3,10 +3,19 @@ prompt shape OpenAI allows (a string, strings, token ids, lists of token ids).""
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
 
+from batchproof.server.auth import tenant
 from batchproof.server.errors import APIError
 from batchproof.server.formatting.completions import CompletionsFormatter, CompletionsShape
-from batchproof.server.plan import MAX_COMPLETION_STOP_STRINGS, Plan, Wanted, check_model, plan_request
+from batchproof.server.plan import (
+    MAX_COMPLETION_STOP_STRINGS,
+    Plan,
+    Wanted,
+    check_model,
+    check_text_fits,
+    plan_request,
+)
 from batchproof.server.protocol import CompletionRequest
 from batchproof.server.runner import reply, submit
 from batchproof.server.state import ServerState, parse_body
@@ -23,11 +32,13 @@ def _prompts(req: CompletionRequest, state: ServerState) -> list[list[int]]:
         prompt = [prompt]
     if not prompt:
         raise APIError(400, "'prompt' must not be empty, got []", param="prompt")
-    tokenizer = state.engine.tokenizer
+    engine = state.engine
+    tokenizer = engine.tokenizer
     prompts = []
     for i, one in enumerate(prompt):
         where = "'prompt'" if len(prompt) == 1 else f"'prompt[{i}]'"
         if isinstance(one, str):
+            check_text_fits(one, tokenizer, engine.max_model_len, where, "prompt")
             ids = tokenizer.encode(one, add_bos=tokenizer.ids.add_bos)
         else:
             bad = [t for t in one if not 0 <= t < tokenizer.vocab_size]
@@ -37,11 +48,16 @@ def _prompts(req: CompletionRequest, state: ServerState) -> list[list[int]]:
             ids = list(one)
         if not ids:
             raise APIError(400, f"{where} must not be empty", param="prompt")
+        if len(ids) > engine.max_model_len:  # at once: the next prompts are not tokenized for nothing
+            raise APIError(400, f"{where} has {len(ids)} tokens; this model's maximum context length is "
+                                f"{engine.max_model_len} tokens", param="prompt")
         prompts.append(ids)
     return prompts
 
 
-def _plan(req: CompletionRequest, state: ServerState) -> Plan:
+def _plan(body: bytes, state: ServerState, key_id: str | None) -> tuple[CompletionRequest, Plan]:
+    """Parse and tokenize: on a worker thread (a maximal body takes seconds)."""
+    req = parse_body(CompletionRequest, body)
     check_model(req.model, state.served_model_name)
     prompts = _prompts(req, state)
     if req.max_tokens == 0 and not req.echo:
@@ -54,14 +70,13 @@ def _plan(req: CompletionRequest, state: ServerState) -> Plan:
     wanted = Wanted(max_tokens, "max_tokens", req.logprobs, "logprobs",
                     prompt_logprobs=max(asked) if asked else None, allow_zero_tokens=bool(req.echo),
                     max_stop_strings=MAX_COMPLETION_STOP_STRINGS)
-    return plan_request(req, state.engine, state.limits, prompts, wanted)
+    return req, plan_request(req, state.engine, state.limits, prompts, wanted, key_id)
 
 
 @router.post("/v1/completions", response_model=None)
 async def completions(request: Request) -> Response:
     state: ServerState = request.app.state.server
-    req = parse_body(CompletionRequest, await request.body())
-    plan = _plan(req, state)
+    req, plan = await run_in_threadpool(_plan, await request.body(), state, tenant(request))
     submitted = await submit(state, plan, "cmpl")
     shape = CompletionsShape(num_logprobs=req.logprobs, echo=bool(req.echo),
                              num_prompt_logprobs=req.prompt_logprobs, include_usage=plan.include_usage)

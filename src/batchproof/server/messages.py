@@ -1,0 +1,44 @@
+"""Chat messages into the template: refused with a 400 naming `messages` (never a 500) when the
+model has no template, when they cannot fit the context, or when the template raises."""
+
+import contextlib
+from collections.abc import Iterator
+
+from batchproof.engine.chat_template import TemplateError
+from batchproof.server.engine_client import EngineClient
+from batchproof.server.errors import APIError
+from batchproof.server.plan import check_text_fits
+from batchproof.server.protocol import ChatMessage
+
+
+def template_messages(engine: EngineClient, messages: list[ChatMessage]) -> list[dict[str, str]]:
+    """As the template reads them, checked first: rendering and tokenizing a body of
+    megabytes that could never fit would cost seconds for nothing."""
+    if engine.chat_template is None:  # a base model: completions only, never a guessed format
+        raise APIError(400, engine.chat_template_origin, param="messages", code="chat_template_missing")
+    dicts = [m.for_template() for m in messages]
+    # The rendered prompt holds every message's text, so their total is a lower bound on it.
+    check_text_fits("".join(d["content"] for d in dicts), engine.tokenizer, engine.max_model_len, "'messages'",
+                    "messages")
+    return dicts
+
+
+@contextlib.contextmanager
+def template_refusals() -> Iterator[None]:
+    """A template's own raise_exception (roles that do not alternate, a system message it does
+    not take) is the request's fault: a 400."""
+    try:
+        yield
+    except TemplateError as e:
+        raise APIError(400, f"the chat template refused 'messages': {e}", param="messages") from None
+
+
+def chat_prompt_ids(engine: EngineClient, messages: list[ChatMessage]) -> list[int]:
+    with template_refusals():
+        return engine.chat_prompt_ids(template_messages(engine, messages))
+
+
+def render_chat(engine: EngineClient, messages: list[ChatMessage], add_generation_prompt: bool) -> str:
+    dicts = template_messages(engine, messages)  # first: it refuses a model without a template
+    with template_refusals():
+        return engine.chat_template.render(dicts, add_generation_prompt)
