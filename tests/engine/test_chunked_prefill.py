@@ -1,14 +1,16 @@
-"""A long prompt is fed in bounded chunks while others decode, with bitwise the tokens, logprobs
-and prompt logprobs it gets when it is prefilled alone in one go."""
+"""A long prompt is fed in short steps between the others' decode steps, with bitwise the tokens,
+logprobs and prompt logprobs it gets when it is prefilled alone in one go; how a step's budget is
+paced and shared."""
 
 import pytest
 
 from batchproof.engine.model.ops import kernels
+from batchproof.engine.prefill_pacer import FIRST_BUDGET, PrefillPacer
 from batchproof.engine.sampling_params import SamplingParams
-from batchproof.engine.scheduler import PREFILL_FLOOR
+from batchproof.engine.scheduler import allot_prefill
 
 LONG = ("The harbour master kept a ledger of every ship that came past the breakwater: its name, its "
-        "flag, its cargo and the hour of the tide. ") * 14
+        "flag, its cargo and the hour of the tide. ") * 8
 SHORT = "Count from one to twenty."
 
 
@@ -19,7 +21,7 @@ def _records(deltas) -> list:
 @pytest.mark.skipif(not kernels.available(), reason="any chunking keeps the bits only with our kernels")
 def test_a_long_prompt_interleaves_with_decoding_and_keeps_its_bits(engine, monkeypatch) -> None:
     prompt = engine.tokenizer.encode(LONG)
-    assert len(prompt) > 8 * PREFILL_FLOOR
+    assert len(prompt) > 4 * FIRST_BUDGET
     params = SamplingParams(temperature=0, max_tokens=4, top_logprobs=3, prompt_logprobs=2,
                             cache_namespace=None)  # no prefix cache: both runs compute every position
     alone = engine.generate({"long": (prompt, params)})["long"]
@@ -33,6 +35,7 @@ def test_a_long_prompt_interleaves_with_decoding_and_keeps_its_bits(engine, monk
         return prefill(segments, cache)
 
     monkeypatch.setattr(engine.model, "prefill", counting_prefill)
+    monkeypatch.setattr(engine.scheduler.pacer, "share", 2.0)  # fewer, longer steps: a quicker test
     others = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True, cache_namespace=None)
     for i in range(3):
         engine.add_request(f"other-{i}", engine.tokenizer.encode(SHORT), others)
@@ -44,11 +47,8 @@ def test_a_long_prompt_interleaves_with_decoding_and_keeps_its_bits(engine, monk
     together = []
     while not together or together[-1].finish_reason is None:
         fed.append(0)
-        decoding = sum(not s.is_prefilling for s in engine.scheduler.running)
         outputs = engine.step()
         kinds.append("prefill" if fed[-1] else "decode")
-        if fed[-1]:
-            assert fed[-1] <= max(PREFILL_FLOOR, 2 * decoding), "a prefill step overran its budget"
         together += [out for out in outputs if out.request_id == "long"]
     for i in range(3):
         engine.abort(f"other-{i}")
@@ -56,7 +56,38 @@ def test_a_long_prompt_interleaves_with_decoding_and_keeps_its_bits(engine, monk
         engine.step()
     engine.take_batch_summary()
     # The prompt took many prefill steps, and the others decoded between every two of them.
-    assert kinds.count("prefill") >= len(prompt) // max(PREFILL_FLOOR, 6)
+    assert kinds.count("prefill") > 1 and max(fed) < len(prompt)
     assert ("prefill", "prefill") not in set(zip(kinds, kinds[1:]))
     assert _records(together) == _records(alone)
     assert together[0].prompt_records == alone[0].prompt_records
+
+
+class _Prompt:
+    def __init__(self, length: int, computed: int = 0) -> None:
+        self.prompt_ids, self.num_computed = [0] * length, computed
+
+
+def test_the_budget_goes_half_to_the_oldest_then_to_the_shortest() -> None:
+    alone = _Prompt(5000, computed=1000)
+    assert allot_prefill([alone], 32) == ([alone], [32])
+    assert allot_prefill([_Prompt(10)], 32)[1] == [10]
+    long, mid, short = _Prompt(5000), _Prompt(40), _Prompt(9)
+    # The newcomers behind a long prompt get the other half, shortest first; none starves.
+    assert allot_prefill([long, mid, short], 32) == ([long, mid, short], [16, 7, 9])
+    assert allot_prefill([long, short], 32) == ([long, short], [23, 9])  # the rest goes back to the oldest
+    assert allot_prefill([short, long], 2048) == ([short, long], [9, 2039])
+    seqs, tokens = allot_prefill([long, mid, short], 1)
+    assert seqs == [long] and tokens == [1]
+
+
+def test_a_prefill_step_takes_its_share_of_a_decode_steps_time() -> None:
+    pacer = PrefillPacer(share=0.5, max_tokens=2048)
+    assert pacer.budget(is_decoding=False) == 2048  # nobody waits: whole chunks
+    assert pacer.budget(is_decoding=True) == FIRST_BUDGET  # nothing timed yet
+    pacer.observe_decode(0.100)
+    pacer.observe_prefill(32, 0.064)  # 500 tokens/s near the start of a prompt
+    assert pacer.budget(is_decoding=True) == 25  # 0.5 x 0.1 s x 500 /s
+    pacer.observe_prefill(25, 0.5)  # deep in a long prompt: 50 tokens/s
+    assert pacer.budget(is_decoding=True) == 2
+    pacer.observe_prefill(2, 1.0)  # slower still: one token a step, never none
+    assert pacer.budget(is_decoding=True) == 1

@@ -37,10 +37,11 @@ class EngineConfig:
     max_prefill_tokens: int = field(
         default=2048, metadata={"help": "prompt tokens prefilled in one step when nothing else is decoding"}
     )
-    prefill_tokens_per_decode: int = field(
-        default=2, metadata={"help": "while others decode, prompt tokens prefilled between two decode steps per "
-                                     "decoding sequence (at least 32): more gives newcomers their first token "
-                                     "sooner, fewer keeps running streams' per-token latency low"}
+    prefill_share: float = field(
+        default=0.5, metadata={"help": "while others decode, a prefill step takes at most this fraction of a "
+                                       "decode step's time (steps alternate): running streams' per-token latency "
+                                       "grows by at most this much while prompts are fed; more gives newcomers "
+                                       "their first token sooner"}
     )
     weights: Literal["native", "float32"] = field(
         default="native",
@@ -70,8 +71,7 @@ class EngineConfig:
             f"num_threads must be >= 1, got {self.num_threads}",
         )
         require(self.prefix_cache_mb >= 0, f"prefix_cache_mb must be >= 0, got {self.prefix_cache_mb}")
-        require(self.prefill_tokens_per_decode >= 1,
-                f"prefill_tokens_per_decode must be >= 1, got {self.prefill_tokens_per_decode}")
+        require(self.prefill_share > 0, f"prefill_share must be > 0, got {self.prefill_share}")
         require(self.max_prefill_tokens >= 1, f"max_prefill_tokens must be >= 1, got {self.max_prefill_tokens}")
         require(
             self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),

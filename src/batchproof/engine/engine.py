@@ -18,6 +18,7 @@ from batchproof.engine.model_front import ModelFront
 from batchproof.engine.outputs import OutputProcessor
 from batchproof.engine.prefix_cache import PrefixCache
 from batchproof.engine.runner import ModelRunner
+from batchproof.engine.sampler import logit_bias_row
 from batchproof.engine.sampling_params import SamplingParams
 from batchproof.engine.scheduler import ScheduledStep, Scheduler
 from batchproof.engine.sequence import RequestOutput, Sequence, Status
@@ -75,7 +76,7 @@ class Engine:
         self.runner = ModelRunner(self.model, self.cache, config.max_batch, config.max_prefill_tokens,
                                   self.prefix_cache)
         self.scheduler = Scheduler(config.max_batch, config.max_prefill_tokens, self.runner.retire,
-                                   config.prefill_tokens_per_decode)
+                                   config.prefill_share)
         self.end_ids = self.tokenizer.ids.end_of_turn_ids
         self.load_time_s = time.perf_counter() - started
         self._sequences: dict[str, Sequence] = {}
@@ -104,7 +105,8 @@ class Engine:
             generator = torch.Generator().manual_seed(secrets.randbits(63))
         else:
             generator = None
-        seq = Sequence(request_id, list(prompt_ids), params, TextStream(self.tokenizer, params.stop), generator)
+        seq = Sequence(request_id, list(prompt_ids), params, TextStream(self.tokenizer, params.stop), generator,
+                       logit_bias=logit_bias_row(params.logit_bias, self.tokenizer.vocab_size))
         self._sequences[request_id] = seq
         self.scheduler.add(seq)
 
@@ -148,7 +150,9 @@ class Engine:
         self._stepping = scheduled.prefill or scheduled.decode
         if self._stepping:
             self._note_batch(len(scheduled.decode))
+            started = time.perf_counter()
             seqs, logits, prompt_records = self._forward(scheduled)
+            self.scheduler.observe(scheduled, time.perf_counter() - started)
             if seqs:  # a prefill step that completed no prompt chooses nothing
                 outputs += self.outputs.process(seqs, logits, prompt_records)
         self._stepping = []
@@ -172,7 +176,7 @@ class Engine:
         the prefill completed), their logits [len, V] and prompt records."""
         if scheduled.decode:
             return scheduled.decode, self.runner.decode(scheduled.decode), [None] * len(scheduled.decode)
-        done = self.runner.prefill(scheduled.prefill, scheduled.prefill_budget)
+        done = self.runner.prefill(scheduled.prefill, scheduled.prefill_tokens)
         if not done:
             return [], torch.empty(0), []
         seqs, logits, records = zip(*done)
@@ -231,7 +235,7 @@ class Engine:
             "batch_window_ms": self.config.batch_window_ms,
             "max_model_len": self.max_model_len,
             "max_prefill_tokens": self.config.max_prefill_tokens,
-            "prefill_tokens_per_decode": self.config.prefill_tokens_per_decode,
+            "prefill_share": self.config.prefill_share,
             "batch_invariant": self.config.is_batch_invariant,
             "decode_path": self.model.ops.decode_path,
             "numerics": self.model.ops.numerics,

@@ -31,34 +31,31 @@ class ModelRunner:
         self.prefix_cache = prefix_cache
         self.device = model.device
 
-    def prefill(self, seqs: list[Sequence], budget: int) -> list[tuple[Sequence, torch.Tensor, list | None]]:
-        """Feed up to `budget` prompt tokens of the prefilling sequences, in order -> for each
-        prompt that this step completed, (its sequence, its last position's logits [V], its
-        prompt records or None). A prompt may take several steps (decode steps run between
-        them), resuming where it stopped (`seq.prefill`).
+    def prefill(self, seqs: list[Sequence], num_tokens: list[int]) -> list[tuple[Sequence, torch.Tensor, list | None]]:
+        """Feed the next num_tokens[i] prompt tokens of seqs[i] -> for each prompt that this
+        step completed, (its sequence, its last position's logits [V], its prompt records or
+        None). A prompt may take several steps (decode steps run between them), resuming where
+        it stopped (`seq.prefill`).
 
         A prompt's opening blocks come from the prefix cache when it holds them. Where a
         position's bits do not depend on how the prompt was cut (`reuses_prefixes`: our
-        kernels), a step takes any number of tokens; elsewhere (torch's BLAS) chunks stay on
-        the grid of max_prefill_tokens from position 0, whatever the budget, so the bits of a
-        prompt never depend on what else was running. Where the model can share a call
-        without changing a bit (`batches_prefill`), the chunks of several prompts go through
-        together. Prompt scoring turns each chunk's logits into records at once.
+        kernels), a step feeds any number of tokens; elsewhere (torch's BLAS) it feeds the rest
+        of a chunk on the grid of max_prefill_tokens from position 0, whatever was asked, so
+        the bits of a prompt never depend on what else was running. Where the model can share
+        a call without changing a bit (`batches_prefill`), the chunks of several prompts go
+        through together. Prompt scoring turns each chunk's logits into records at once.
         """
         size = self.max_prefill_tokens
         spans: list[tuple[Sequence, int, int]] = []  # (seq, first position, tokens) this step
-        for seq in seqs:
-            if budget <= 0:
-                break
+        for seq, wanted in zip(seqs, num_tokens):
             if seq.prefill is None:
                 self._start_prefill(seq)
             start, end = seq.num_computed, len(seq.prompt_ids)
             if self.model.ops.reuses_prefixes:
-                stop = min(end, start + budget)
+                stop = min(end, start + wanted)
             else:
                 stop = min(end, (start // size + 1) * size)  # the rest of this grid chunk
             spans.append((seq, start, stop - start))
-            budget -= stop - start
         groups = [spans] if self.model.ops.batches_prefill else [[span] for span in spans]
         for group in groups:
             done = {id(seq): 0 for seq, _, _ in group}

@@ -14,25 +14,28 @@ class SamplingError(RuntimeError):
     """Nothing can be chosen: every logit is NaN or banned."""
 
 
-LogitBias = tuple[torch.Tensor, torch.Tensor]  # (ids int64 [K], biases float32 [K]), ids distinct
-
-
-def logit_bias_tensors(logit_bias: dict[int, float], device: torch.device | str = "cpu") -> LogitBias | None:
-    """A request's logit_bias as tensors, built once per sequence (not per step). The biases are
-    rounded to float32 here, as torch rounds a Python float scalar (through float) for a row."""
+def logit_bias_row(logit_bias: dict[int, float], vocab_size: int) -> torch.Tensor | None:
+    """A request's logit_bias as one dense row [V], built once per sequence (not per step): each
+    biased id's bias, rounded to float32 as torch rounds a Python scalar, and -0.0 elsewhere.
+    x + (-0.0) is x for every float (+0.0, -0.0, infinities and NaN included), so adding the
+    row changes exactly the biased logits, each by one rounded addition, at the cost of one
+    vector add however many entries there are. (A bfloat16 row's NaN may come back with
+    another payload: still NaN, which is never chosen and fails a record.)"""
     if not logit_bias:
         return None
-    ids = torch.tensor(list(logit_bias), dtype=torch.int64, device=device)
-    return ids, torch.tensor(list(logit_bias.values()), dtype=torch.float32, device=device)
+    row = torch.full((vocab_size,), -0.0)
+    row[torch.tensor(list(logit_bias), dtype=torch.int64)] = torch.tensor(list(logit_bias.values()),
+                                                                          dtype=torch.float32)
+    return row
 
 
 def apply_penalties(logits: torch.Tensor, params: SamplingParams, seen_ids: set[int],
-                    output_counts: Counter[int], bias: LogitBias | None = None) -> torch.Tensor:
+                    output_counts: Counter[int], bias: torch.Tensor | None = None) -> torch.Tensor:
     """logits: [V] -> the logits the choice and the record read (a new tensor if changed).
 
     Repetition (over prompt and output, as vLLM and transformers do), presence and
-    frequency (over the output, as OpenAI does), then logit_bias (`bias`: its tensors, as
-    logit_bias_tensors(params.logit_bias) makes them; the engine builds them once per sequence).
+    frequency (over the output, as OpenAI does), then logit_bias (`bias`: its row, as
+    logit_bias_row(params.logit_bias, V) makes it; the engine builds it once per sequence).
     """
     if not params.has_penalties:
         return logits
@@ -46,14 +49,12 @@ def apply_penalties(logits: torch.Tensor, params: SamplingParams, seen_ids: set[
         counts = torch.tensor(list(output_counts.values()), dtype=logits.dtype, device=logits.device)
         logits[ids] -= params.presence_penalty + params.frequency_penalty * counts
     if bias is None:
-        bias = logit_bias_tensors(params.logit_bias)
+        bias = logit_bias_row(params.logit_bias, logits.shape[-1])
     if bias is not None:
-        # One tensor operation, however many entries: a full-vocabulary bias looped in Python
-        # stalled every other request for minutes. Ids are distinct, so each logit gets exactly
-        # the rounding of `logits[i] += b` (b rounded to the row's dtype, added in float32,
-        # rounded back): the bits of adding the entries one by one.
-        ids, values = (t.to(logits.device) for t in bias)
-        logits[ids] = (logits[ids].float() + values.to(logits.dtype).float()).to(logits.dtype)
+        # One vector add: a full-vocabulary bias looped in Python stalled every other request
+        # for minutes. The bias is rounded to the row's dtype and added in float32, as
+        # `logits[i] += b` rounds it: the bits of adding the entries one by one.
+        logits = (logits.float() + bias.to(logits.device, logits.dtype).float()).to(logits.dtype)
     return logits
 
 

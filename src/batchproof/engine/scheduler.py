@@ -2,31 +2,26 @@
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from batchproof.engine.prefill_pacer import PrefillPacer
 from batchproof.engine.sequence import Sequence, Status
-
-# While others decode, a prefill step takes at most this many prompt tokens per decoding
-# sequence (and at least PREFILL_FLOOR): a long prompt then costs each running stream about
-# as much as one more stream would, instead of stalling them all for its whole prefill.
-PREFILL_FLOOR = 32
 
 
 @dataclass
 class ScheduledStep:
-    prefill: list[Sequence]  # prompts to feed (in order, up to prefill_budget tokens in all)
+    prefill: list[Sequence]  # prompts to feed this step
     decode: list[Sequence]
     retired: list[Sequence]  # aborted or finished since the last step; their slots are free again
-    prefill_budget: int = 0
+    prefill_tokens: list[int] = field(default_factory=list)  # how many of each prompt's tokens
 
 
 class Scheduler:
     def __init__(self, max_batch: int, max_prefill_tokens: int,
-                 on_retire: Callable[[Sequence], None] | None = None, prefill_tokens_per_decode: int = 2) -> None:
+                 on_retire: Callable[[Sequence], None] | None = None, prefill_share: float = 0.5) -> None:
         self.max_batch = max_batch
         self.on_retire = on_retire  # sees each sequence while its slot still holds its keys (then frees them)
-        self.max_prefill_tokens = max_prefill_tokens
-        self.prefill_tokens_per_decode = prefill_tokens_per_decode
+        self.pacer = PrefillPacer(prefill_share, max_prefill_tokens)
         self._prefilled_last = False
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -40,19 +35,24 @@ class Scheduler:
 
     def schedule(self) -> ScheduledStep:
         """A prefill step or a decode step: while both have work they alternate, so a prompt
-        however long delays each running stream by one bounded prefill step per token."""
+        however long delays each running stream by one short prefill step per token."""
         retired = self._retire()
         self._admit()
         prefilling = [s for s in self.running if s.is_prefilling]
         decoding = [s for s in self.running if not s.is_prefilling]
         if prefilling and not (decoding and self._prefilled_last):
             self._prefilled_last = True
-            budget = self.max_prefill_tokens
-            if decoding:
-                budget = min(budget, max(PREFILL_FLOOR, self.prefill_tokens_per_decode * len(decoding)))
-            return ScheduledStep(prefill=prefilling, decode=[], retired=retired, prefill_budget=budget)
+            seqs, tokens = allot_prefill(prefilling, self.pacer.budget(is_decoding=bool(decoding)))
+            return ScheduledStep(prefill=seqs, decode=[], retired=retired, prefill_tokens=tokens)
         self._prefilled_last = False
         return ScheduledStep(prefill=[], decode=decoding, retired=retired)
+
+    def observe(self, step: ScheduledStep, seconds: float) -> None:
+        """How long a step's forward pass took (the pacer's clock)."""
+        if step.decode:
+            self.pacer.observe_decode(seconds)
+        elif step.prefill:
+            self.pacer.observe_prefill(sum(step.prefill_tokens), seconds)
 
     def _retire(self) -> list[Sequence]:
         retired = [s for s in self.running if s.is_aborted or s.status is Status.FINISHED]
@@ -76,3 +76,20 @@ class Scheduler:
             seq.slot = self.free_slots.pop()
             seq.status = Status.RUNNING
             self.running.append(seq)
+
+
+def allot_prefill(prefilling: list[Sequence], budget: int) -> tuple[list[Sequence], list[int]]:
+    """Share a prefill step's budget among the prompts being fed (in arrival order) -> the
+    prompts this step feeds and how many tokens of each. The oldest gets up to half of it, so
+    it always advances; the rest goes to the shortest remaining prompts first, so a short
+    newcomer is not queued behind a long prompt's whole prefill; what is left, to the oldest."""
+    remaining = [len(s.prompt_ids) - s.num_computed for s in prefilling]
+    tokens = [0] * len(prefilling)
+    tokens[0] = min(remaining[0], budget if len(prefilling) == 1 else max(1, budget // 2))
+    left = budget - tokens[0]
+    for i in sorted(range(1, len(prefilling)), key=lambda i: remaining[i]):
+        tokens[i] = min(remaining[i], left)
+        left -= tokens[i]
+    tokens[0] += min(left, remaining[0] - tokens[0])
+    chosen = [i for i in range(len(prefilling)) if tokens[i]]
+    return [prefilling[i] for i in chosen], [tokens[i] for i in chosen]

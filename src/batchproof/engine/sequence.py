@@ -9,7 +9,6 @@ from typing import Any
 import torch
 
 from batchproof.engine.logprobs import TokenRecord
-from batchproof.engine.sampler import LogitBias, logit_bias_tensors
 from batchproof.engine.sampling_params import SamplingParams
 from batchproof.engine.text_stream import TextStream
 
@@ -55,11 +54,10 @@ class Sequence:
     num_cached_tokens: int = 0  # of the prompt's, copied from the prefix cache
     finish_reason: str | None = None
     error: str | None = None
-    logit_bias: LogitBias | None = None  # params.logit_bias as tensors, built once
+    logit_bias: torch.Tensor | None = None  # params.logit_bias as one row [V] (sampler.logit_bias_row)
 
     def __post_init__(self) -> None:
         self.seen_ids = set(self.prompt_ids)
-        self.logit_bias = logit_bias_tensors(self.params.logit_bias)
 
     @property
     def num_tokens(self) -> int:
