@@ -23,6 +23,7 @@ from pathlib import Path
 import httpx
 
 from batchproof.common.proc_status import status_mb
+from batchproof.common.proc_tree import process_tree
 
 PROMPT = "Write a short story about a lighthouse keeper."
 
@@ -42,20 +43,8 @@ def _fleet_ready(replicas: int) -> Callable[[str], bool]:
 def _tree_rss_mb(root: int) -> dict[str, float]:
     """Resident memory of a process and every descendant, by command (Ray's processes are the
     fleet process's children and grandchildren)."""
-    parents: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            parents[int(stat.parent.name)] = int(fields[1])
-        except (OSError, IndexError, ValueError):
-            continue
-    tree, todo = set(), [root]
-    while todo:
-        pid = todo.pop()
-        tree.add(pid)
-        todo.extend(child for child, parent in parents.items() if parent == pid and child not in tree)
     by_name: dict[str, float] = {}
-    for pid in tree:
+    for pid in process_tree(root):
         rss = status_mb(pid, "VmRSS")
         try:
             name = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
