@@ -1,7 +1,6 @@
 """The engine's own thread, and the asyncio side that submits requests and reads their deltas."""
 
 import asyncio
-import contextlib
 import os
 import queue
 import socket
@@ -127,14 +126,6 @@ class AsyncEngine:
         the server's admission and here: the queue depth counts it before the next request is
         admitted, so simultaneous arrivals cannot overshoot --max-queue."""
         return Opened(self.replica_id, self._queue(request_id, prompt_ids, params))
-
-    async def generate(self, request_id: str, prompt_ids: list[int], params: SamplingParams
-                       ) -> AsyncIterator[RequestOutput]:
-        """Deltas for one request until it finishes; leaving early aborts it in the engine."""
-        deltas = self._queue(request_id, prompt_ids, params)
-        async with contextlib.aclosing(deltas):
-            async for out in deltas:
-                yield out
 
     def _queue(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> _Deltas:
         sink: asyncio.Queue = asyncio.Queue()
