@@ -104,7 +104,7 @@ def test_a_local_fleet_listens_on_loopback_only(fleet) -> None:
     """Ray's APIs run code for whoever reaches them: on one machine, no Ray process (GCS, raylet,
     agents, controller, replicas) may listen beyond loopback; 0.0.0.0 and :: count as beyond."""
     # The walk must see Ray's processes, or an empty list would pass. A walk over /proc can
-    # miss a process whose files it reads as they change (one CI run missed gcs_server): a few tries.
+    # miss a process whose files it reads as they change: a few tries.
     ray_processes = ("gcs_server", "raylet", "ray::DashboardAgent", "ray::ServeReplica")
     for _ in range(10):
         found = listeners(fleet.process.pid)

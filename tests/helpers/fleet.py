@@ -39,7 +39,7 @@ class Listener:
         return address.is_loopback
 
     def __str__(self) -> str:
-        return f"{self.address}:{self.port} ({self.command}, pid {self.pid})"
+        return f"{self.address}:{self.port} ({self.command[:120]}, pid {self.pid})"
 
 
 def _address(hex_address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
@@ -80,7 +80,8 @@ def listeners(root: int) -> list[Listener]:
     for pid in sorted(process_tree(root)):
         command = ""
         with contextlib.suppress(OSError):
-            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:80]
+            # Whole: a checkout's path can push the program's name (gcs_server) past any cut (CI's did).
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         found += [Listener(*listening[inode], pid, command.strip())
                   for inode in _socket_inodes(pid) if inode in listening]
     return found
