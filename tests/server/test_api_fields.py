@@ -32,8 +32,6 @@ def test_an_unknown_field_is_400_naming_it(server, path, body) -> None:
     (CHAT, "tool_choice", "auto"),
     (CHAT, "functions", [TOOL["function"]]),
     (CHAT, "function_call", "auto"),
-    (CHAT, "response_format", {"type": "json_object"}),
-    (CHAT, "response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
     (CHAT, "modalities", ["text", "audio"]),
     (CHAT, "reasoning_effort", "high"),
     (COMPLETIONS, "best_of", 2),

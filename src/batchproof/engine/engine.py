@@ -9,6 +9,7 @@ import torch
 
 from batchproof.common.hashing import file_sha256
 from batchproof.engine.config import EngineConfig
+from batchproof.engine.grammar.state import GrammarState
 from batchproof.engine.kv_cache import KVCache
 from batchproof.engine.model.gguf_file import ModelSpec, read_model_file
 from batchproof.engine.model.known_models import resolve_model
@@ -107,6 +108,8 @@ class Engine:
             generator = None
         seq = Sequence(request_id, list(prompt_ids), params, TextStream(self.tokenizer, params.stop), generator,
                        logit_bias=logit_bias_row(params.logit_bias, self.tokenizer.vocab_size))
+        if params.constraint is not None:  # its matcher compiles on the grammar thread meanwhile
+            seq.grammar = GrammarState(self.tokenizer, params.constraint.grammar)
         self._sequences[request_id] = seq
         self.scheduler.add(seq)
 

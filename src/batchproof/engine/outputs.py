@@ -1,12 +1,15 @@
 """After the forward pass: choose each row's token, record its logprobs, advance or finish
 its sequence, and say what it produced. Pure bookkeeping over the step's logits."""
 
+import time
 from dataclasses import dataclass
 
 import torch
 
+from batchproof.engine.grammar.state import GrammarFailure
 from batchproof.engine.logprobs import NormalizerAndTopK, TokenRecord, build_records
 from batchproof.engine.sampler import (
+    NEG_INF,
     FirstMax,
     SamplingError,
     apply_penalties,
@@ -24,6 +27,7 @@ class _Choice:
     token_id: int | None
     record: TokenRecord | None
     error: str | None = None
+    error_code: str | None = None  # RequestOutput.error_code
 
 
 class OutputProcessor:
@@ -39,6 +43,7 @@ class OutputProcessor:
         self.records_backend = records_backend
         self.greedy_backend = greedy_backend
         self.num_tokens = 0  # tokens appended since the last take_num_tokens()
+        self.grammar_wait_s = 0.0  # how long steps waited for grammar masks (the bench reads it)
 
     def process(self, seqs: list[Sequence], logits: torch.Tensor, prompt_records: list) -> list[RequestOutput]:
         """logits [len(seqs), V]: the next token of each scheduled sequence."""
@@ -52,11 +57,16 @@ class OutputProcessor:
         rows = [apply_penalties(logits[i], s.params, s.seen_ids, s.output_counts, s.logit_bias)
                 for i, s in enumerate(seqs)]
         banned = [banned_for_step(s.params, self.end_ids, len(s.output_ids)) for s in seqs]
-        choices = self._choose(seqs, rows, banned)
+        allowed, failures = self._grammar_masks(seqs)
+        # The choice reads the grammar's mask; raw records read the row before it (the model's own
+        # distribution), processed ones the masked row renormalised over the allowed tokens.
+        masked = [row if mask is None else torch.where(mask.to(row.device), row, NEG_INF)
+                  for row, mask in zip(rows, allowed)]
+        choices = self._choose(seqs, masked, banned, failures)
         # Records read the same logits the choice read, after it: asking for them changes nothing.
         wanted = [i for i, (s, c) in enumerate(zip(seqs, choices)) if s.wants_records and c.token_id is not None]
         if wanted:
-            recorded = [processed_logits(rows[i], seqs[i].params, banned[i])
+            recorded = [processed_logits(masked[i], seqs[i].params, banned[i])
                         if seqs[i].params.logprobs_mode == "processed" else rows[i] for i in wanted]
             records = build_records(
                 torch.stack(recorded),
@@ -72,10 +82,26 @@ class OutputProcessor:
                     choices[i].record = record
         return choices
 
-    def _choose(self, seqs: list[Sequence], rows: list[torch.Tensor], banned: list[frozenset[int]]) -> list[_Choice]:
+    def _grammar_masks(self, seqs: list[Sequence]) -> tuple[list[torch.Tensor | None], dict[int, str]]:
+        """Each constrained sequence's allowed tokens (None: unconstrained), and the rows whose
+        grammar failed. Per sequence, never per batch: a row's mask is the same alone or batched."""
+        allowed: list[torch.Tensor | None] = [None] * len(seqs)
+        failures: dict[int, str] = {}
+        started = time.perf_counter()
+        for i, seq in enumerate(seqs):
+            if seq.grammar is not None and seq.params.max_tokens:
+                try:
+                    allowed[i] = seq.grammar.allowed()
+                except GrammarFailure as e:
+                    failures[i] = f"step {len(seq.output_ids)}: {e}"
+        self.grammar_wait_s += time.perf_counter() - started
+        return allowed, failures
+
+    def _choose(self, seqs: list[Sequence], rows: list[torch.Tensor], banned: list[frozenset[int]],
+                failures: dict[int, str]) -> list[_Choice]:
         choices: list[_Choice] = []
         # Greedy rows (the common case) are chosen in one pass; sampled ones one by one.
-        plain = [i for i, s in enumerate(seqs) if s.params.is_greedy and s.params.max_tokens]
+        plain = [i for i, s in enumerate(seqs) if s.params.is_greedy and s.params.max_tokens and i not in failures]
         greedy = {}
         if plain:
             picks = greedy_tokens(torch.stack([rows[i] for i in plain]), [banned[i] for i in plain],
@@ -85,22 +111,34 @@ class OutputProcessor:
             step = len(seq.output_ids)
             if seq.params.max_tokens == 0:  # prompt scoring only
                 choices.append(_Choice(None, None))
+            elif i in failures:
+                choices.append(_Choice(None, None, failures[i]))
             elif i in greedy:
                 token_id = greedy[i]
-                choices.append(_Choice(token_id, None, None if token_id is not None else
-                                       f"step {step}: no token can be chosen: every logit is NaN, -inf or banned"))
+                choices.append(_Choice(token_id, None) if token_id is not None else
+                               self._nothing_allowed(seq, banned[i], step))
             else:
                 try:
                     choices.append(_Choice(choose_token(row, seq.params, banned[i], seq.generator), None))
-                except (SamplingError, RuntimeError) as e:  # this request fails; the batch goes on
+                except SamplingError:
+                    choices.append(self._nothing_allowed(seq, banned[i], step))
+                except RuntimeError as e:  # this request fails; the batch goes on
                     choices.append(_Choice(None, None, f"step {step}: {e}"))
         return choices
+
+    @staticmethod
+    def _nothing_allowed(seq: Sequence, banned: frozenset[int], step: int) -> _Choice:
+        if seq.grammar is None:
+            return _Choice(None, None, f"step {step}: no token can be chosen: every logit is NaN, -inf or banned")
+        why = (" (it allows only the end of the reply, which min_tokens or ignore_eos forbids here)"
+               if banned else " (every token it allows has a NaN or -inf logit)")
+        return _Choice(None, None, f"step {step}: the grammar allows no token here{why}", "grammar_exhausted")
 
     def _emit(self, seqs: list[Sequence], choices: list[_Choice], prompt_records: list) -> list[RequestOutput]:
         outputs = []
         for seq, choice, scored in zip(seqs, choices, prompt_records):
             if choice.error is not None:
-                seq.error, seq.finish_reason = choice.error, "error"
+                seq.error, seq.error_code, seq.finish_reason = choice.error, choice.error_code, "error"
                 outputs.append(self._finish(seq, TextDelta()))
                 continue
             if choice.token_id is None:  # max_tokens == 0
@@ -110,6 +148,13 @@ class OutputProcessor:
                 seq.finish_reason = "stop"
                 out = self._finish(seq, TextDelta())
             else:
+                try:
+                    if seq.grammar is not None:
+                        seq.grammar.advance(choice.token_id)
+                except GrammarFailure as e:
+                    seq.error, seq.finish_reason = f"step {len(seq.output_ids)}: {e}", "error"
+                    outputs.append(self._finish(seq, TextDelta()))
+                    continue
                 out = self._advance(seq, choice)
             out.prompt_records = scored
             outputs.append(out)
@@ -121,6 +166,13 @@ class OutputProcessor:
         delta = seq.text.add(choice.token_id, choice.record)
         if seq.text.is_stopped:
             seq.finish_reason = "stop"
+        elif seq.grammar is not None and seq.grammar.is_stopped:  # complete: it takes no further token
+            if banned_for_step(seq.params, self.end_ids, len(seq.output_ids)):  # but the reply may not end yet
+                seq.error, seq.error_code, seq.finish_reason = (
+                    f"step {len(seq.output_ids)}: the grammar is complete, and min_tokens or ignore_eos forbids "
+                    "ending the reply here", "grammar_exhausted", "error")
+            else:
+                seq.finish_reason = "stop"
         elif len(seq.output_ids) >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len:
             # As vLLM counts it: prompt and reply together fill at most max_model_len positions.
             seq.finish_reason = "length"
@@ -138,8 +190,8 @@ class OutputProcessor:
         return RequestOutput(
             request_id=seq.request_id, text=delta.text, records=delta.records,
             num_prompt_tokens=len(seq.prompt_ids), num_output_tokens=len(seq.output_ids),
-            finish_reason=seq.finish_reason, error=seq.error, num_kept_tokens=seq.text.num_kept_tokens,
-            num_cached_tokens=seq.num_cached_tokens,
+            finish_reason=seq.finish_reason, error=seq.error, error_code=seq.error_code,
+            num_kept_tokens=seq.text.num_kept_tokens, num_cached_tokens=seq.num_cached_tokens,
         )
 
     def fail(self, seq: Sequence, message: str) -> RequestOutput:

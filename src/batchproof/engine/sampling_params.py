@@ -3,6 +3,8 @@
 from dataclasses import dataclass, field
 from typing import Literal
 
+from batchproof.engine.grammar.constraint import Constraint
+
 GREEDY_BELOW = 1e-5  # a temperature under this samples greedily
 
 
@@ -47,6 +49,8 @@ class SamplingParams:
     # but it travels with the request wherever it runs (a fleet's replica too). The bits do not
     # depend on it: a hit in any namespace gives those of computing afresh.
     cache_namespace: str | None = ""
+    # Structured output: each step's choice is made among the tokens this grammar allows.
+    constraint: Constraint | None = None
 
     def __post_init__(self) -> None:
         _check(0.0 <= self.temperature <= 2.0, "temperature", f"temperature must be in [0, 2], got {self.temperature}")

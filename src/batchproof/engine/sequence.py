@@ -30,6 +30,9 @@ class RequestOutput:
     num_output_tokens: int
     finish_reason: str | None = None  # "stop", "length", "abort" or "error"
     error: str | None = None
+    # What kind of error: "grammar_exhausted" is the request's own (its grammar and its min_tokens
+    # or ignore_eos left no token), so the server answers 400; None is the server's (500).
+    error_code: str | None = None
     prompt_records: list[TokenRecord | None] | None = None  # echo scoring, on the first delta
     num_kept_tokens: int = 0  # output tokens whose bytes reach the reply (all, unless a stop string cut)
     num_cached_tokens: int = 0  # prompt tokens whose keys and values came from the prefix cache
@@ -54,7 +57,9 @@ class Sequence:
     num_cached_tokens: int = 0  # of the prompt's, copied from the prefix cache
     finish_reason: str | None = None
     error: str | None = None
+    error_code: str | None = None  # RequestOutput.error_code
     logit_bias: torch.Tensor | None = None  # params.logit_bias as one row [V] (sampler.logit_bias_row)
+    grammar: Any = None  # under a constraint: its GrammarState (engine/grammar/state.py)
 
     def __post_init__(self) -> None:
         self.seen_ids = set(self.prompt_ids)

@@ -6,6 +6,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 
+from batchproof.engine.grammar.constraint import Constraint
 from batchproof.engine.sampling_params import SamplingParams, SamplingParamsError
 from batchproof.engine.tokenizer import Tokenizer
 from batchproof.server.engine_client import EngineClient
@@ -174,8 +175,9 @@ def _check_entries(wanted: Wanted, prompts: list[list[int]], limits_per_prompt: 
 
 
 def plan_request(req: SamplingFields, engine: EngineClient, limits: Limits, prompts: list[list[int]],
-                 wanted: Wanted, tenant: str | None = None) -> Plan:
-    """`tenant`: the id of the API key that sent the request, if any (its cache namespace)."""
+                 wanted: Wanted, tenant: str | None = None, constraint: Constraint | None = None) -> Plan:
+    """`tenant`: the id of the API key that sent the request, if any (its cache namespace);
+    `constraint`: what every choice's reply must match (structured.py built and checked it)."""
     if req.stream_options is not None and not req.stream:
         raise APIError(400, "'stream_options' is only allowed when 'stream' is true", param="stream_options")
     if req.stream and wanted.prompt_logprobs is not None and req.prompt_logprobs is not None:
@@ -207,6 +209,7 @@ def plan_request(req: SamplingFields, engine: EngineClient, limits: Limits, prom
             prompt_logprobs=wanted.prompt_logprobs,
             logprobs_mode=req.logprobs_mode or limits.logprobs_mode,
             cache_namespace=cache_namespace(limits.prefix_cache_scope, tenant, req.cache_salt),
+            constraint=constraint,
         )
     except SamplingParamsError as e:
         raise APIError(400, str(e), param=e.param) from None
@@ -219,3 +222,13 @@ def plan_request(req: SamplingFields, engine: EngineClient, limits: Limits, prom
             choices.append(Choice(index=p * n + j, prompt_index=p, params=params))
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     return Plan(prompts=prompts, choices=choices, include_usage=include_usage)
+
+
+def logprobs_label(params: SamplingParams) -> dict[str, str] | None:
+    """What a constrained reply's logprobs object says of itself (docs/api-fields.md): which
+    constraint masked the choice, and whether the logprobs are the model's own distribution
+    (raw: before the mask) or the one the token was drawn from (processed: masked and
+    renormalised over the allowed tokens). None for a free reply (no mask changed anything)."""
+    if params.constraint is None:
+        return None
+    return {"constraint": params.constraint.kind, "logprobs_mode": params.logprobs_mode}

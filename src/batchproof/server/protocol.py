@@ -1,6 +1,6 @@
 """The OpenAI request fields we support, as strict pydantic models (JSON in, no coercion)."""
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
@@ -42,6 +42,39 @@ class ChatMessage(_Strict):
     def for_template(self) -> dict[str, str]:
         """As the chat template reads it: OpenAI's `developer` role is the system prompt."""
         return {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+
+
+class JsonSchemaFormat(_Strict):
+    """OpenAI's response_format.json_schema."""
+
+    name: Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    description: StrictStr | None = None
+    # `schema` shadows a BaseModel attribute: stored as schema_, spelled `schema` on the wire.
+    schema_: dict[StrictStr, Any] | None = Field(default=None, alias="schema")
+    # Accepted either way: every schema we take is enforced whole (what OpenAI's strict
+    # promises); one we cannot enforce is refused, strict or not.
+    strict: StrictBool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(_Strict):
+    """vLLM's structured_outputs (one of these): a JSON schema, any JSON object, a regex, one
+    of a list of strings, or a grammar (Lark, or llama.cpp's GBNF)."""
+
+    json_: dict[StrictStr, Any] | StrictStr | None = Field(default=None, alias="json")  # `json` shadows BaseModel's
+    json_object: StrictBool | None = None
+    regex: StrictStr | None = None
+    choice: list[StrictStr] | None = None
+    grammar: StrictStr | None = None
+    # vLLM's other keys: refused by name (the engine would not honour them).
+    structural_tag: refused("structural tags are not implemented") = None
+    disable_any_whitespace: refused("JSON is always written without free whitespace here", allowed=(True,)) = None
+    disable_additional_properties: refused("the schema's own additionalProperties is enforced") = None
+    whitespace_pattern: refused("JSON is always written without free whitespace here") = None
 
 
 class StreamOptions(_Strict):
@@ -95,7 +128,8 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: refused(NO_TOOLS, allowed=("none",)) = None
     functions: refused(NO_TOOLS, allowed=([],)) = None
     function_call: refused(NO_TOOLS, allowed=("none",)) = None
-    response_format: refused("only plain text replies", allowed=({"type": "text"},)) = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None  # vLLM's
     modalities: refused("only text", allowed=(["text"],)) = None
     audio: refused("only text") = None
     prediction: refused("predicted outputs are not implemented") = None
@@ -109,6 +143,8 @@ class CompletionRequest(SamplingFields):
     prompt: StrictStr | list[StrictStr] | TokenIds | list[TokenIds]
     logprobs: NumLogprobs | None = None
     echo: StrictBool | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None  # vLLM's
     best_of: refused("best_of above 1 is not implemented; use n", allowed=(1,)) = None
     suffix: refused("insertion (suffix) is not implemented", allowed=("",)) = None
 

@@ -39,6 +39,8 @@ def admit(engine: Backend, max_queue: int, num_sequences: int = 1) -> None:
 
 
 def engine_error(out: RequestOutput, timeout_s: float) -> APIError | None:
+    if out.finish_reason == "error" and out.error_code == "grammar_exhausted":  # the request's own doing
+        return APIError(400, f"generation stopped: {out.error}", code="grammar_exhausted")
     if out.finish_reason == "error":
         return APIError(500, f"generation failed: {out.error}", type_="server_error")
     if out.finish_reason == "unavailable":  # the replica running it went away (a fleet)

@@ -10,7 +10,8 @@ from batchproof.server.formatting.entries import chat_entry, prompt_logprobs, su
 
 class ChatFormatter:
     def __init__(self, request_id: str, model: str, tokenizer: Tokenizer, num_choices: int, wants_records: bool,
-                 include_usage: bool, prompt_ids: list[int], num_prompt_logprobs: int | None = None) -> None:
+                 include_usage: bool, prompt_ids: list[int], num_prompt_logprobs: int | None = None,
+                 label: dict[str, str] | None = None) -> None:
         self.base = {"id": request_id, "created": int(time.time()), "model": model}
         self.head = {**self.base, "object": "chat.completion.chunk"}
         self.tokenizer = tokenizer
@@ -19,6 +20,7 @@ class ChatFormatter:
         self.include_usage = include_usage
         self.prompt_ids = prompt_ids
         self.num_prompt_logprobs = num_prompt_logprobs  # vLLM's prompt_logprobs (never streamed)
+        self.label = label or {}  # under a constraint: which it was, and raw or processed (plan.logprobs_label)
 
     def first_chunks(self) -> list[dict]:
         # stream_mode "live": chunks leave as tokens are made (the probe's S7 reads it).
@@ -29,7 +31,7 @@ class ChatFormatter:
     def chunk(self, index: int, out: RequestOutput) -> dict:
         choice: dict = {"index": index, "delta": {"content": out.text} if out.text else {}}
         if self.wants_records and out.records:  # an entry rides on the chunk that carries its text
-            choice["logprobs"] = {"content": [chat_entry(self.tokenizer, r) for r in out.records]}
+            choice["logprobs"] = {"content": [chat_entry(self.tokenizer, r) for r in out.records], **self.label}
         choice["finish_reason"] = out.finish_reason
         return {**self.head, "choices": [choice]}
 
@@ -45,7 +47,7 @@ class ChatFormatter:
             entries = [chat_entry(self.tokenizer, r) for o in outputs for r in o.records]
             if len(entries) != last.num_kept_tokens:
                 raise count_mismatch(len(entries), last.num_kept_tokens)
-            choice["logprobs"] = {"content": entries}
+            choice["logprobs"] = {"content": entries, **self.label}
         choice["finish_reason"] = last.finish_reason
         return choice
 

@@ -17,6 +17,7 @@ class CompletionsShape:
     echo: bool
     num_prompt_logprobs: int | None  # vLLM's prompt_logprobs
     include_usage: bool
+    label: dict[str, str] | None = None  # under a constraint: which it was, and raw or processed
 
 
 class CompletionsFormatter:
@@ -39,8 +40,8 @@ class CompletionsFormatter:
         choice: dict = {"index": index, "text": out.text, "finish_reason": out.finish_reason, "logprobs": None}
         if self.wants_records:
             token_ids = [r.token_id for r in out.records]
-            choice["logprobs"] = legacy_logprobs(self.tokenizer, out.records, token_ids, self.offsets[index],
-                                                 self.shape.num_logprobs)
+            choice["logprobs"] = {**legacy_logprobs(self.tokenizer, out.records, token_ids, self.offsets[index],
+                                                    self.shape.num_logprobs), **(self.shape.label or {})}
         return {**self.base, "choices": [choice]}
 
     def usage_chunk(self, lasts: list[RequestOutput]) -> dict | None:
@@ -61,8 +62,8 @@ class CompletionsFormatter:
             token_ids = [r.token_id for r in records]
             if self.shape.echo:  # the first prompt token has nothing before it to be scored from
                 records, token_ids = scored + records, prompt_ids + token_ids
-            choice["logprobs"] = legacy_logprobs(self.tokenizer, records, token_ids, TextOffsets(self.tokenizer),
-                                                 self.shape.num_logprobs)
+            choice["logprobs"] = {**legacy_logprobs(self.tokenizer, records, token_ids, TextOffsets(self.tokenizer),
+                                                    self.shape.num_logprobs), **(self.shape.label or {})}
         if self.shape.num_prompt_logprobs is not None:
             choice["prompt_logprobs"] = prompt_logprobs(self.tokenizer, prompt_ids, scored,
                                                         self.shape.num_prompt_logprobs)

@@ -8,10 +8,11 @@ from batchproof.server.auth import tenant
 from batchproof.server.errors import APIError
 from batchproof.server.formatting.chat import ChatFormatter
 from batchproof.server.messages import chat_prompt_ids
-from batchproof.server.plan import Plan, Wanted, check_model, plan_request
+from batchproof.server.plan import Plan, Wanted, check_model, logprobs_label, plan_request
 from batchproof.server.protocol import ChatCompletionRequest
 from batchproof.server.runner import reply, submit
 from batchproof.server.state import ServerState, parse_body
+from batchproof.server.structured import request_constraint
 
 router = APIRouter()
 
@@ -31,7 +32,8 @@ def _plan(body: bytes, state: ServerState, key_id: str | None) -> tuple[ChatComp
                         else (req.max_tokens, "max_tokens"))
     top_logprobs = (req.top_logprobs or 0) if req.logprobs else None
     wanted = Wanted(max_tokens, name, top_logprobs, "top_logprobs", prompt_logprobs=req.prompt_logprobs)
-    return req, plan_request(req, engine, state.limits, [prompt_ids], wanted, key_id)
+    constraint = request_constraint(req.response_format, req.structured_outputs, engine.tokenizer)
+    return req, plan_request(req, engine, state.limits, [prompt_ids], wanted, key_id, constraint)
 
 
 @router.post("/v1/chat/completions", response_model=None)
@@ -41,5 +43,6 @@ async def chat_completions(request: Request) -> Response:
     submitted = await submit(state, plan, "chatcmpl")
     formatter = ChatFormatter(submitted.request_id, state.served_model_name, state.engine.tokenizer, len(plan.choices),
                               wants_records=req.logprobs is True, include_usage=plan.include_usage,
-                              prompt_ids=plan.prompts[0], num_prompt_logprobs=req.prompt_logprobs)
+                              prompt_ids=plan.prompts[0], num_prompt_logprobs=req.prompt_logprobs,
+                              label=logprobs_label(plan.choices[0].params))
     return await reply(request, submitted, state.config.request_timeout_s, bool(req.stream), formatter)

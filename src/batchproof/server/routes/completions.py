@@ -14,11 +14,13 @@ from batchproof.server.plan import (
     Wanted,
     check_model,
     check_text_fits,
+    logprobs_label,
     plan_request,
 )
 from batchproof.server.protocol import CompletionRequest
 from batchproof.server.runner import reply, submit
 from batchproof.server.state import ServerState, parse_body
+from batchproof.server.structured import request_constraint
 
 router = APIRouter()
 LEGACY_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this route
@@ -70,7 +72,8 @@ def _plan(body: bytes, state: ServerState, key_id: str | None) -> tuple[Completi
     wanted = Wanted(max_tokens, "max_tokens", req.logprobs, "logprobs",
                     prompt_logprobs=max(asked) if asked else None, allow_zero_tokens=bool(req.echo),
                     max_stop_strings=MAX_COMPLETION_STOP_STRINGS)
-    return req, plan_request(req, state.engine, state.limits, prompts, wanted, key_id)
+    constraint = request_constraint(req.response_format, req.structured_outputs, state.engine.tokenizer)
+    return req, plan_request(req, state.engine, state.limits, prompts, wanted, key_id, constraint)
 
 
 @router.post("/v1/completions", response_model=None)
@@ -79,7 +82,8 @@ async def completions(request: Request) -> Response:
     req, plan = await run_in_threadpool(_plan, await request.body(), state, tenant(request))
     submitted = await submit(state, plan, "cmpl")
     shape = CompletionsShape(num_logprobs=req.logprobs, echo=bool(req.echo),
-                             num_prompt_logprobs=req.prompt_logprobs, include_usage=plan.include_usage)
+                             num_prompt_logprobs=req.prompt_logprobs, include_usage=plan.include_usage,
+                             label=logprobs_label(plan.choices[0].params))
     formatter = CompletionsFormatter(submitted.request_id, state.served_model_name, state.engine.tokenizer,
                                      plan.prompts, len(plan.choices) // len(plan.prompts), shape)
     return await reply(request, submitted, state.config.request_timeout_s, bool(req.stream), formatter)
