@@ -189,3 +189,19 @@ def test_a_killed_replica_ends_its_requests_cleanly_and_the_fleet_recovers(fleet
     assert reply.status_code == 200 and reply.headers[HEADER] != victim
     assert wait_until(lambda: len(fleet.alive_replicas()) == 2 and victim not in
                       {r["id"] for r in fleet.alive_replicas()}, timeout=180, interval=1), "Ray restarts it"
+
+
+def test_a_constrained_request_and_a_tool_call_answer_as_the_single_server(fleet, server) -> None:
+    """The constraint travels to the replica as text and is compiled there: the same bits."""
+    schema = {"type": "object", "properties": {"river": {"type": "string", "maxLength": 20}}, "required": ["river"],
+              "additionalProperties": False}
+    tool = {"type": "function", "function": {"name": "find", "parameters": schema}}
+    for fields in ({"response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": schema}}},
+                   {"tools": [tool], "tool_choice": "required"}):
+        body = chat_body(PROMPT, max_tokens=30, logprobs=True, top_logprobs=2, **fields)
+        ours, theirs = (httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120).json()
+                        for url in (fleet.url, server.url))
+        for reply in (ours, theirs):  # call ids are fresh per reply
+            for call in reply["choices"][0]["message"].get("tool_calls") or []:
+                call["id"] = "call"
+        assert ours["choices"] == theirs["choices"]

@@ -28,8 +28,6 @@ def test_an_unknown_field_is_400_naming_it(server, path, body) -> None:
 
 
 @pytest.mark.parametrize("path, field, value", [
-    (CHAT, "tools", [TOOL]),
-    (CHAT, "tool_choice", "auto"),
     (CHAT, "functions", [TOOL["function"]]),
     (CHAT, "function_call", "auto"),
     (CHAT, "modalities", ["text", "audio"]),
@@ -60,7 +58,7 @@ def test_the_ignored_fields_are_declared_on_both_routes() -> None:
 def test_ignored_fields_change_nothing(server) -> None:
     plain = post(server.url, CHAT, chat_body(ASCII_PROMPT, max_tokens=3)).json()
     ignored = {"user": "u1", "metadata": {"a": "b"}, "store": False, "service_tier": "auto",
-               "prompt_cache_key": "k", "safety_identifier": "s", "parallel_tool_calls": False}
+               "prompt_cache_key": "k", "safety_identifier": "s"}
     assert set(ignored) == set(IGNORED_FIELDS)
     extra = post(server.url, CHAT, chat_body(ASCII_PROMPT, max_tokens=3, **ignored)).json()
     assert plain["choices"] == extra["choices"]

@@ -43,11 +43,15 @@ class ChatTemplate:
         env.filters["tojson"] = _tojson
         return env.from_string(self.source)
 
-    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+               tools: list[dict[str, Any]] | None = None) -> str:
+        """`tools`: OpenAI's tool list, for a template that reads it (None: the variable is undefined
+        to the template, as Hugging Face leaves it without tools)."""
+        extra = {} if tools is None else {"tools": tools}
         try:
             return self._template.render(
                 messages=messages, add_generation_prompt=add_generation_prompt,
-                bos_token=self.bos_token, eos_token=self.eos_token,
+                bos_token=self.bos_token, eos_token=self.eos_token, **extra,
             )
         except TemplateError:
             raise

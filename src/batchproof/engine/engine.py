@@ -205,8 +205,8 @@ class Engine:
 
     # --- conveniences for the CLI and tests ---------------------------------------------
 
-    def chat_prompt_ids(self, messages: list[dict]) -> list[int]:
-        return self.front.chat_prompt_ids(messages)
+    def chat_prompt_ids(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        return self.front.chat_prompt_ids(messages, tools)
 
     def generate(self, requests: dict[str, tuple[list[int], SamplingParams]]) -> dict[str, list[RequestOutput]]:
         """Run requests to completion together; every delta each one produced, in order."""

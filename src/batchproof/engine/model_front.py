@@ -48,11 +48,11 @@ class ModelFront:
         metadata, context_len = read_model_header(model_path)
         return cls.from_metadata(model_path, metadata, context_len, config)
 
-    def chat_prompt_ids(self, messages: list[dict]) -> list[int]:
+    def chat_prompt_ids(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         """The chat template rendered for a reply, tokenized as the model expects."""
         if self.chat_template is None:
             raise NoChatTemplate(self.chat_template_origin)
-        text = self.chat_template.render(messages, add_generation_prompt=True)
+        text = self.chat_template.render(messages, add_generation_prompt=True, tools=tools)
         ids = self.tokenizer.encode(text)
         bos = self.tokenizer.ids.bos_id
         # BOS once: added as the tokenizer says, unless the template wrote it (Gemma's, Llama 3's)

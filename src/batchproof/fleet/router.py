@@ -40,8 +40,8 @@ class FleetFront:
         self.model_path: Path = front.model_path
         self.replicas = replicas
 
-    def chat_prompt_ids(self, messages: list[dict]) -> list[int]:
-        return self.front.chat_prompt_ids(messages)
+    def chat_prompt_ids(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        return self.front.chat_prompt_ids(messages, tools)
 
     def info(self) -> dict:
         """A live replica's engine facts (every replica runs the same configuration), and the fleet."""

@@ -21,7 +21,7 @@ class EngineClient(Protocol):
     model_path: Path
     prefix_cache: PrefixCache | None  # its counters and bytes go to /metrics; None when off
 
-    def chat_prompt_ids(self, messages: list[dict]) -> list[int]:
+    def chat_prompt_ids(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         """The chat template rendered for a reply, tokenized as the model expects."""
 
     def info(self) -> dict:

@@ -12,8 +12,7 @@ from pydantic_core import PydanticCustomError
 
 # Accepted and ignored on purpose: bookkeeping for the caller or for OpenAI's billing and
 # storage, with no effect on the tokens or logprobs a server computes.
-IGNORED_FIELDS = ("user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",
-                  "parallel_tool_calls")
+IGNORED_FIELDS = ("user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier")
 
 
 def _refuse_unless(allowed: Any, reason: str) -> Any:
@@ -31,4 +30,4 @@ def refused(reason: str, allowed: tuple = ()) -> Any:
     return Annotated[Any, _refuse_unless(allowed, reason)]
 
 
-NO_TOOLS = "tool and function calling are not implemented"
+NO_TOOLS = "the legacy `functions` and `function_call` are not implemented; use `tools` and `tool_choice`"

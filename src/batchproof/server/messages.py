@@ -3,24 +3,33 @@ model has no template, when they cannot fit the context, or when the template ra
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 from batchproof.engine.chat_template import TemplateError
 from batchproof.server.engine_client import EngineClient
 from batchproof.server.errors import APIError
 from batchproof.server.plan import check_text_fits
 from batchproof.server.protocol import ChatMessage
+from batchproof.server.tools import prompt as tool_prompt
+from batchproof.server.tools.choice import ToolPlan
+from batchproof.server.tools.formats import reads_tools
 
 
-def template_messages(engine: EngineClient, messages: list[ChatMessage]) -> list[dict[str, str]]:
+def template_messages(engine: EngineClient, messages: list[ChatMessage],
+                      tool_plan: ToolPlan | None = None) -> list[dict[str, Any]]:
     """As the template reads them, checked first: rendering and tokenizing a body of
     megabytes that could never fit would cost seconds for nothing."""
     if engine.chat_template is None:  # a base model: completions only, never a guessed format
         raise APIError(400, engine.chat_template_origin, param="messages", code="chat_template_missing")
-    dicts = [m.for_template() for m in messages]
     # The rendered prompt holds every message's text, so their total is a lower bound on it.
-    check_text_fits("".join(d["content"] for d in dicts), engine.tokenizer, engine.max_model_len, "'messages'",
+    check_text_fits("".join(m.text() for m in messages), engine.tokenizer, engine.max_model_len, "'messages'",
                     "messages")
-    return dicts
+    return tool_prompt.template_messages(messages, tool_plan, reads_tools(engine.chat_template.source))
+
+
+def _template_tools(tool_plan: ToolPlan | None) -> list[dict[str, Any]] | None:
+    """The tools, for a template that reads them (one that does not has them in its system turn)."""
+    return tool_plan.tools if tool_plan is not None and tool_plan.is_native else None
 
 
 @contextlib.contextmanager
@@ -33,9 +42,10 @@ def template_refusals() -> Iterator[None]:
         raise APIError(400, f"the chat template refused 'messages': {e}", param="messages") from None
 
 
-def chat_prompt_ids(engine: EngineClient, messages: list[ChatMessage]) -> list[int]:
+def chat_prompt_ids(engine: EngineClient, messages: list[ChatMessage], tool_plan: ToolPlan | None = None) -> list[int]:
     with template_refusals():
-        return engine.chat_prompt_ids(template_messages(engine, messages))
+        return engine.chat_prompt_ids(template_messages(engine, messages, tool_plan),
+                                      _template_tools(tool_plan))
 
 
 def render_chat(engine: EngineClient, messages: list[ChatMessage], add_generation_prompt: bool) -> str:

@@ -27,21 +27,58 @@ class TextPart(_Strict):
     text: StrictStr
 
 
+class FunctionCall(_Strict):
+    name: StrictStr
+    arguments: StrictStr  # a JSON object, as text (OpenAI's shape)
+
+
+class ToolCall(_Strict):
+    """An assistant's earlier call, as a client echoes it back in the history."""
+
+    id: StrictStr
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: StrictStr | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    # None only on an assistant turn that made tool calls (checked in tools/prompt.py).
+    content: StrictStr | list[TextPart] | None = None
     name: StrictStr | None = None  # accepted and ignored: chat templates do not read it
-    # What a client echoes back from an earlier reply: fine while empty.
-    tool_calls: refused(NO_TOOLS, allowed=([],)) = None
-    function_call: refused(NO_TOOLS) = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's calls
+    tool_call_id: StrictStr | None = None  # a tool result: the call it answers
+    function_call: refused("the legacy `function_call` is not implemented; use `tool_calls`") = None
     refusal: refused("refusals are not produced") = None
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
     def for_template(self) -> dict[str, str]:
         """As the chat template reads it: OpenAI's `developer` role is the system prompt."""
         return {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+
+
+class FunctionDef(_Strict):
+    name: Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    description: StrictStr | None = None
+    parameters: dict[StrictStr, Any] | None = None  # a JSON schema of the arguments (absent: no arguments)
+    strict: StrictBool | None = None  # accepted either way: the arguments are always generated under the schema
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_Strict):
+    name: StrictStr
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class JsonSchemaFormat(_Strict):
@@ -109,7 +146,6 @@ class SamplingFields(_Strict):
     service_tier: StrictStr | None = None
     prompt_cache_key: StrictStr | None = None
     safety_identifier: StrictStr | None = None
-    parallel_tool_calls: StrictBool | None = None
     # vLLM / llama.cpp extensions
     top_k: Annotated[StrictInt, Field(ge=-1)] | None = None
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
@@ -123,9 +159,10 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: StrictInt | None = None
     logprobs: StrictBool | None = None
     top_logprobs: NumLogprobs | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: StrictBool | None = None  # default true, as OpenAI's
     # Known and not implemented: a 400 naming the field unless it asks for nothing.
-    tools: refused(NO_TOOLS, allowed=([],)) = None
-    tool_choice: refused(NO_TOOLS, allowed=("none",)) = None
     functions: refused(NO_TOOLS, allowed=([],)) = None
     function_call: refused(NO_TOOLS, allowed=("none",)) = None
     response_format: ResponseFormat | None = None

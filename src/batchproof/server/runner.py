@@ -177,7 +177,9 @@ async def sse_events(stream: AsyncIterator[Delta], timeout_s: float,
                     yield sse(error.body())
                     return
                 if out.text or out.finish_reason is not None:
-                    yield sse(formatter.chunk(index, out))
+                    chunk = formatter.chunk(index, out)
+                    if chunk is not None:  # None: nothing to send yet (text held while it may be a tool call)
+                        yield sse(chunk)
                 lasts[index] = out
     except TimeoutError:
         yield sse(timeout_error(timeout_s).body())

@@ -16,8 +16,9 @@ class ReplyFormatter(Protocol):
     def first_chunks(self) -> list[dict]:
         """What a stream opens with, before any delta."""
 
-    def chunk(self, index: int, out: RequestOutput) -> dict:
-        """One delta of choice `index` as a stream chunk (it carries text or the finish)."""
+    def chunk(self, index: int, out: RequestOutput) -> dict | None:
+        """One delta of choice `index` as a stream chunk (it carries text or the finish), or None
+        when there is nothing to send yet."""
 
     def usage_chunk(self, lasts: list[RequestOutput]) -> dict | None:
         """The stream's closing usage chunk (from each choice's last delta), or None when not asked for."""

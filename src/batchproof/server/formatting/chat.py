@@ -6,12 +6,14 @@ from batchproof.engine.sequence import RequestOutput
 from batchproof.engine.tokenizer import Tokenizer
 from batchproof.server.errors import count_mismatch
 from batchproof.server.formatting.entries import chat_entry, prompt_logprobs, summed_usage
+from batchproof.server.tools import reply as tool_reply
+from batchproof.server.tools.choice import ToolPlan
 
 
 class ChatFormatter:
     def __init__(self, request_id: str, model: str, tokenizer: Tokenizer, num_choices: int, wants_records: bool,
                  include_usage: bool, prompt_ids: list[int], num_prompt_logprobs: int | None = None,
-                 label: dict[str, str] | None = None) -> None:
+                 label: dict[str, str] | None = None, tool_plan: ToolPlan | None = None) -> None:
         self.base = {"id": request_id, "created": int(time.time()), "model": model}
         self.head = {**self.base, "object": "chat.completion.chunk"}
         self.tokenizer = tokenizer
@@ -21,6 +23,9 @@ class ChatFormatter:
         self.prompt_ids = prompt_ids
         self.num_prompt_logprobs = num_prompt_logprobs  # vLLM's prompt_logprobs (never streamed)
         self.label = label or {}  # under a constraint: which it was, and raw or processed (plan.logprobs_label)
+        # Tool calls: each choice's text read as calls (None: plain text, tool_choice none included).
+        self.tool_plan = tool_plan if tool_plan is not None and tool_plan.makes_calls else None
+        self.tool_replies = [tool_reply.ToolReply(self.tool_plan) for _ in range(num_choices)] if self.tool_plan else []
 
     def first_chunks(self) -> list[dict]:
         # stream_mode "live": chunks leave as tokens are made (the probe's S7 reads it).
@@ -28,12 +33,34 @@ class ChatFormatter:
                                            "finish_reason": None}], "stream_mode": "live"}
                 for i in range(self.num_choices)]
 
-    def chunk(self, index: int, out: RequestOutput) -> dict:
-        choice: dict = {"index": index, "delta": {"content": out.text} if out.text else {}}
-        if self.wants_records and out.records:  # an entry rides on the chunk that carries its text
+    def chunk(self, index: int, out: RequestOutput) -> dict | None:
+        delta, finish_reason = ({"content": out.text} if out.text else {}), out.finish_reason
+        if self.tool_plan is not None:
+            delta, finish_reason = self._tool_delta(index, out)
+        choice: dict = {"index": index, "delta": delta}
+        # An entry rides on the chunk that carries its token's text, or that holds it back while
+        # it may be part of a tool call (the calls' tokens have entries too).
+        if self.wants_records and out.records:
             choice["logprobs"] = {"content": [chat_entry(self.tokenizer, r) for r in out.records], **self.label}
-        choice["finish_reason"] = out.finish_reason
+        elif not delta and finish_reason is None:
+            return None  # all of it held back, and no entry to carry
+        choice["finish_reason"] = finish_reason
         return {**self.head, "choices": [choice]}
+
+    def _tool_delta(self, index: int, out: RequestOutput) -> tuple[dict, str | None]:
+        replying = self.tool_replies[index]
+        content, calls = replying.feed(out.text)
+        finish_reason = None
+        if out.finish_reason is not None:
+            more_content, more_calls = replying.finish()
+            content, calls = content + more_content, calls + more_calls
+            finish_reason = replying.finish_reason(out.finish_reason)
+        delta: dict = {}
+        if content:
+            delta["content"] = content
+        if calls:
+            delta["tool_calls"] = calls
+        return delta, finish_reason
 
     def usage_chunk(self, lasts: list[RequestOutput]) -> dict | None:
         if not self.include_usage:
@@ -42,13 +69,17 @@ class ChatFormatter:
 
     def _choice(self, index: int, outputs: list[RequestOutput]) -> dict:
         last = outputs[-1]
-        choice: dict = {"index": index, "message": {"role": "assistant", "content": "".join(o.text for o in outputs)}}
+        text = "".join(o.text for o in outputs)
+        message, finish_reason = {"role": "assistant", "content": text}, last.finish_reason
+        if self.tool_plan is not None:
+            message, finish_reason = tool_reply.whole(self.tool_plan, text, last.finish_reason)
+        choice: dict = {"index": index, "message": message}
         if self.wants_records:
             entries = [chat_entry(self.tokenizer, r) for o in outputs for r in o.records]
             if len(entries) != last.num_kept_tokens:
                 raise count_mismatch(len(entries), last.num_kept_tokens)
             choice["logprobs"] = {"content": entries, **self.label}
-        choice["finish_reason"] = last.finish_reason
+        choice["finish_reason"] = finish_reason
         return choice
 
     def whole(self, outputs: list[list[RequestOutput]]) -> dict:

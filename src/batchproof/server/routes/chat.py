@@ -13,11 +13,13 @@ from batchproof.server.protocol import ChatCompletionRequest
 from batchproof.server.runner import reply, submit
 from batchproof.server.state import ServerState, parse_body
 from batchproof.server.structured import request_constraint
+from batchproof.server.tools.choice import ToolPlan, plan_tools
 
 router = APIRouter()
 
 
-def _plan(body: bytes, state: ServerState, key_id: str | None) -> tuple[ChatCompletionRequest, Plan]:
+def _plan(body: bytes, state: ServerState, key_id: str | None
+          ) -> tuple[ChatCompletionRequest, Plan, ToolPlan | None]:
     """Parse, render and tokenize: on a worker thread (a maximal body takes seconds)."""
     req = parse_body(ChatCompletionRequest, body)
     check_model(req.model, state.served_model_name)
@@ -27,22 +29,26 @@ def _plan(body: bytes, state: ServerState, key_id: str | None) -> tuple[ChatComp
         raise APIError(400, f"'top_logprobs' ({req.top_logprobs}) requires 'logprobs' to be true, "
                             f"got 'logprobs': {req.logprobs}", param="top_logprobs")
     engine = state.engine
-    prompt_ids = chat_prompt_ids(engine, req.messages)
+    tool_plan = plan_tools(req, engine.chat_template, engine.tokenizer)
+    prompt_ids = chat_prompt_ids(engine, req.messages, tool_plan)
     max_tokens, name = ((req.max_completion_tokens, "max_completion_tokens") if req.max_completion_tokens is not None
                         else (req.max_tokens, "max_tokens"))
     top_logprobs = (req.top_logprobs or 0) if req.logprobs else None
     wanted = Wanted(max_tokens, name, top_logprobs, "top_logprobs", prompt_logprobs=req.prompt_logprobs)
-    constraint = request_constraint(req.response_format, req.structured_outputs, engine.tokenizer)
-    return req, plan_request(req, engine, state.limits, [prompt_ids], wanted, key_id, constraint)
+    if tool_plan is not None and tool_plan.constraint is not None:
+        constraint = tool_plan.constraint  # required or named: the calls' grammar
+    else:
+        constraint = request_constraint(req.response_format, req.structured_outputs, engine.tokenizer)
+    return req, plan_request(req, engine, state.limits, [prompt_ids], wanted, key_id, constraint), tool_plan
 
 
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(request: Request) -> Response:
     state: ServerState = request.app.state.server
-    req, plan = await run_in_threadpool(_plan, await request.body(), state, tenant(request))
+    req, plan, tool_plan = await run_in_threadpool(_plan, await request.body(), state, tenant(request))
     submitted = await submit(state, plan, "chatcmpl")
     formatter = ChatFormatter(submitted.request_id, state.served_model_name, state.engine.tokenizer, len(plan.choices),
                               wants_records=req.logprobs is True, include_usage=plan.include_usage,
                               prompt_ids=plan.prompts[0], num_prompt_logprobs=req.prompt_logprobs,
-                              label=logprobs_label(plan.choices[0].params))
+                              label=logprobs_label(plan.choices[0].params), tool_plan=tool_plan)
     return await reply(request, submitted, state.config.request_timeout_s, bool(req.stream), formatter)

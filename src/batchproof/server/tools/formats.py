@@ -19,6 +19,7 @@ A block whose JSON does not parse, that lacks a string `name`, or whose argument
 not a call: its text stays in the content, so nothing the model wrote is dropped and parsing never raises.
 """
 
+import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -215,10 +216,11 @@ HERMES = ToolFormat("hermes", _hermes_split, _hermes_cut)
 LLAMA3_JSON = ToolFormat("llama3-json", _llama3_split, _llama3_cut)
 
 
+@functools.lru_cache(maxsize=8)  # a server has one template: parsed once, not per request
 def detect_tool_format(template_source: str) -> ToolFormat | None:
     """The tool-call format a chat template teaches its model, read from the template's text; None if the
     template takes no tools (does not read the `tools` variable) or uses a format we do not parse."""
-    if not _reads_tools(template_source):
+    if not reads_tools(template_source):
         return None
     if _OPEN in template_source and "<function=" not in template_source:  # Qwen3-Coder: XML inside <tool_call>
         return HERMES
@@ -228,7 +230,8 @@ def detect_tool_format(template_source: str) -> ToolFormat | None:
     return None
 
 
-def _reads_tools(template_source: str) -> bool:
+@functools.lru_cache(maxsize=8)
+def reads_tools(template_source: str) -> bool:
     """Whether the template reads `tools` (a template can only mention tools in prose without taking any)."""
     environment = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"])
     try:

@@ -1,0 +1,120 @@
+"""What a request's `tools` and `tool_choice` ask of the engine, decided once per request:
+
+- `none` (or no tools): a plain reply; the tools are still shown to a template that reads them.
+- `auto`: the model writes calls in its own format (formats.py), read back from its reply; a
+  model whose template teaches none cannot, so that is a 400 naming what to use instead.
+- `required`: the reply is generated under the grammar of a JSON array of calls, each one of the
+  tools with arguments that match its parameters' schema (at most one if not parallel_tool_calls).
+- a named function: the reply is generated under the grammar of that function's parameters: it
+  is the call's arguments.
+"""
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from batchproof.engine.chat_template import ChatTemplate
+from batchproof.engine.grammar import compile as grammars
+from batchproof.engine.grammar.constraint import Constraint
+from batchproof.engine.tokenizer import Tokenizer
+from batchproof.server.errors import APIError, shown
+from batchproof.server.protocol import ChatCompletionRequest, NamedToolChoice, Tool
+from batchproof.server.structured import check
+from batchproof.server.tools.formats import ToolFormat, detect_tool_format, reads_tools
+
+NO_ARGUMENTS = {"type": "object", "properties": {}, "additionalProperties": False}
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    mode: Literal["none", "auto", "required", "named"]
+    tools: list[dict[str, Any]]  # as OpenAI spells them (what a chat template reads)
+    named: str | None  # the function a named tool_choice forces
+    is_parallel: bool  # more than one call allowed (parallel_tool_calls, default true)
+    tool_format: ToolFormat | None  # auto: how the model writes its calls
+    constraint: Constraint | None  # required and named: the grammar of the calls
+    is_native: bool  # the chat template reads `tools` (else tools/prompt.py describes them)
+
+    @property
+    def makes_calls(self) -> bool:
+        return self.mode != "none"
+
+
+def arguments_schema(tool: Tool) -> dict[str, Any]:
+    return tool.function.parameters if tool.function.parameters is not None else NO_ARGUMENTS
+
+
+def calls_schema(tools: list[Tool], is_parallel: bool) -> dict[str, Any]:
+    """`required`: a JSON array of one call or more, each {"name": one tool, "arguments": its schema}."""
+    one_of_the_tools = [{"type": "object", "properties": {"name": {"const": t.function.name},
+                                                          "arguments": arguments_schema(t)},
+                         "required": ["name", "arguments"], "additionalProperties": False} for t in tools]
+    schema: dict[str, Any] = {"type": "array", "items": {"anyOf": one_of_the_tools}, "minItems": 1}
+    if not is_parallel:
+        schema["maxItems"] = 1
+    return schema
+
+
+def _constraint(schema: dict[str, Any], tokenizer: Tokenizer, param: str) -> Constraint:
+    try:
+        built = grammars.json_schema(schema)
+    except (ValueError, TypeError) as e:
+        raise APIError(400, f"'{param}' cannot be enforced: {e}", param="tools") from None
+    constraint = Constraint("tool_call", built.grammar)
+    check(constraint, tokenizer, "tools")
+    return constraint
+
+
+def _check_arguments_schemas(tools: list[Tool], tokenizer: Tokenizer) -> None:
+    """Each function's parameters on their own, so a refusal names the function."""
+    for i, tool in enumerate(tools):
+        try:
+            _constraint(arguments_schema(tool), tokenizer, f"tools[{i}].function.parameters")
+        except APIError as e:
+            raise APIError(400, f"tools[{i}] ({tool.function.name!r}): {e.message}", param="tools") from None
+
+
+def plan_tools(req: ChatCompletionRequest, template: ChatTemplate | None, tokenizer: Tokenizer) -> ToolPlan | None:
+    tools = req.tools or []
+    choice = req.tool_choice
+    if not tools:
+        if choice not in (None, "none"):
+            raise APIError(400, f"'tool_choice' {shown(choice if isinstance(choice, str) else choice.model_dump())} "
+                                "needs 'tools'", param="tool_choice")
+        return None  # parallel_tool_calls alone changes nothing: accepted, as before tools were served
+    names = [t.function.name for t in tools]
+    if len(set(names)) != len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise APIError(400, f"'tools' names a function more than once: {twice}", param="tools")
+    choice = choice or "auto"
+    is_native = template is not None and reads_tools(template.source)
+    plan = {"tools": [t.model_dump(exclude_none=True) for t in tools], "named": None,
+            "is_parallel": req.parallel_tool_calls is not False, "tool_format": None, "constraint": None,
+            "is_native": is_native}
+    if choice != "none" and (req.response_format is not None and req.response_format.type != "text"
+                             or req.structured_outputs is not None):
+        raise APIError(400, "a tool call's arguments follow its parameters' schema; 'response_format' and "
+                            "'structured_outputs' cannot also constrain the reply (use tool_choice 'none')",
+                       param="response_format" if req.response_format is not None else "structured_outputs")
+    if choice == "none":
+        return ToolPlan("none", **plan)
+    if isinstance(choice, NamedToolChoice):
+        if choice.function.name not in names:
+            raise APIError(400, f"'tool_choice' names the function {shown(choice.function.name)}, which is not in "
+                                f"'tools' ({', '.join(names)})", param="tool_choice")
+        tool = tools[names.index(choice.function.name)]
+        plan |= {"named": tool.function.name,
+                 "constraint": _constraint(arguments_schema(tool), tokenizer,
+                                           f"tools[{names.index(tool.function.name)}].function.parameters")}
+        return ToolPlan("named", **plan)
+    if choice == "required":
+        _check_arguments_schemas(tools, tokenizer)
+        plan["constraint"] = _constraint(calls_schema(tools, plan["is_parallel"]), tokenizer, "tools")
+        return ToolPlan("required", **plan)
+    tool_format = detect_tool_format(template.source) if template is not None else None
+    if tool_format is None:
+        raise APIError(400, "tool_choice 'auto' reads calls in the model's own format, and this model's chat "
+                            "template teaches none that batchproof parses (it parses Hermes <tool_call> blocks "
+                            "and Llama 3.1 JSON calls); use tool_choice 'required' or a named function, whose "
+                            "calls are generated under their parameters' grammar", param="tool_choice")
+    return ToolPlan("auto", **(plan | {"tool_format": tool_format}))
+

