@@ -143,10 +143,18 @@ def test_raw_logprobs_are_the_models_own_and_processed_ones_are_masked(server) -
     assert _entries(raw)[0][2] == _entries(free)[0][2]
     # Processed: a distribution over the allowed tokens only (each a prefix of an option).
     first = processed["logprobs"]["content"][0]
-    allowed = [t for t in first["top_logprobs"] if t["logprob"] > -math.inf]
-    assert all(any(o.startswith(t["token"]) for o in options) for t in allowed)
+    assert first["top_logprobs"] and all(any(o.startswith(t["token"]) for o in options)
+                                         for t in first["top_logprobs"])
     assert sum(math.exp(t["logprob"]) for t in first["top_logprobs"]) <= 1 + 1e-6
     assert first["logprob"] >= _entries(raw)[0][1]  # renormalised over fewer tokens: never lower
+
+
+def test_processed_alternatives_are_only_allowed_tokens(server) -> None:
+    """A grammar that allows one token at a step lists that one, not four impossible ones."""
+    body = chat_body("Say hi", max_tokens=4, logprobs=True, top_logprobs=5, logprobs_mode="processed",
+                     structured_outputs={"regex": "hello"})
+    for entry in post(server.url, "/v1/chat/completions", body).json()["choices"][0]["logprobs"]["content"]:
+        assert [t["token"] for t in entry["top_logprobs"]] == [entry["token"]] and entry["logprob"] == 0.0
 
 
 def test_streamed_equals_whole(server) -> None:

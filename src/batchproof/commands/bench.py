@@ -49,6 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "prompt, c=16 with distinct prompts, an lm-eval multiple-choice run")
     parser.add_argument("--fleet", action="store_true",
                         help="`batchproof fleet` (2 replicas x 1 thread) against one server: c=16, the Ray hop, memory")
+    parser.add_argument("--structured", action="store_true",
+                        help="only measure structured output: decode under a JSON schema against free, c=1 and c=16")
     parser.add_argument("--json", type=Path, help="also write every figure to this file")
 
 
@@ -290,6 +292,8 @@ def run(args: argparse.Namespace) -> int:
         return run_prefix_cache(args)
     if args.fleet:
         return run_fleet(args)
+    if args.structured:
+        return run_structured(args)
     ladder = [int(c) for c in args.concurrency.split(",") if c.strip()]
     results: dict = {"machine": {"cpus": os.cpu_count(), "host": socket.gethostname()}}
     process = None
@@ -367,6 +371,13 @@ def run_prefix_cache(args: argparse.Namespace) -> int:
 
     return _side_bench(args, "prefix_cache", lambda: prefix_cache_bench.measure(args, start_server, served_model),
                        prefix_cache_bench.report)
+
+
+def run_structured(args: argparse.Namespace) -> int:
+    from batchproof.commands import structured_bench
+
+    return _side_bench(args, "structured", lambda: structured_bench.measure(args.model, args.max_tokens, args.repeats),
+                       structured_bench.report)
 
 
 def run_fleet(args: argparse.Namespace) -> int:

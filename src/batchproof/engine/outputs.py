@@ -1,6 +1,7 @@
 """After the forward pass: choose each row's token, record its logprobs, advance or finish
 its sequence, and say what it produced. Pure bookkeeping over the step's logits."""
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -78,6 +79,10 @@ class OutputProcessor:
             for i, record in zip(wanted, records):
                 if record.logprob != record.logprob:  # NaN: the normaliser saw no finite logit
                     choices[i] = _Choice(None, None, f"step {record.step}: logprobs are not finite")
+                elif allowed[i] is not None and seqs[i].params.logprobs_mode == "processed":
+                    # Processed under a grammar: alternatives among the allowed tokens only.
+                    top = tuple(entry for entry in record.top if entry.logprob != NEG_INF)
+                    choices[i].record = dataclasses.replace(record, top=top)
                 else:
                     choices[i].record = record
         return choices
