@@ -75,6 +75,14 @@ def test_json_object_regex_choice_and_grammars(client) -> None:
         assert re.fullmatch(pattern, reply.choices[0].message.content), (structured, reply.choices[0].message.content)
 
 
+def test_stop_strings_and_max_tokens_cut_a_constrained_reply(client) -> None:
+    cut = _chat(client, extra_body={"structured_outputs": {"regex": "[a-z]{2,6}( [a-z]{2,6}){3}"}}, stop=[" "],
+                max_tokens=20, temperature=0.8, seed=4)
+    assert cut.choices[0].finish_reason == "stop" and " " not in cut.choices[0].message.content
+    short = _chat(client, response_format=PET_FORMAT, max_tokens=5, temperature=0)
+    assert short.choices[0].finish_reason == "length" and short.choices[0].message.content.startswith("{")
+
+
 def test_completions_route_takes_the_same_constraints(server) -> None:
     body = {"prompt": "Colour:", "max_tokens": 8, "temperature": 0, "logprobs": 2,
             "structured_outputs": {"choice": [" red", " blue"]}}

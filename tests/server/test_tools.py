@@ -19,7 +19,7 @@ WEATHER_PARAMETERS = {"type": "object", "properties": {"city": {"type": "string"
                                                        "unit": {"enum": ["celsius", "fahrenheit"]}},
                       "required": ["city", "unit"], "additionalProperties": False}
 TIME_PARAMETERS = {"type": "object",
-                   "properties": {"timezone": {"type": "string", "pattern": "^[A-Z][a-z]+/[A-Z][a-z]+$"}},
+                   "properties": {"timezone": {"type": "string", "pattern": "^[A-Z][a-z]{1,12}/[A-Z][a-z]{1,12}$"}},
                    "required": ["timezone"], "additionalProperties": False}
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city now",
                                             "parameters": WEATHER_PARAMETERS}}

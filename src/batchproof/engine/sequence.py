@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from batchproof.engine.grammar.state import GrammarState
 from batchproof.engine.logprobs import TokenRecord
 from batchproof.engine.sampling_params import SamplingParams
 from batchproof.engine.text_stream import TextStream
@@ -59,7 +60,7 @@ class Sequence:
     error: str | None = None
     error_code: str | None = None  # RequestOutput.error_code
     logit_bias: torch.Tensor | None = None  # params.logit_bias as one row [V] (sampler.logit_bias_row)
-    grammar: Any = None  # under a constraint: its GrammarState (engine/grammar/state.py)
+    grammar: GrammarState | None = None  # under a constraint: its matcher and next mask
 
     def __post_init__(self) -> None:
         self.seen_ids = set(self.prompt_ids)
