@@ -27,7 +27,7 @@ def chat(url: str, body: dict) -> dict:
     return httpx.post(f"{url}/v1/chat/completions", json=body, timeout=600).json()
 
 
-def run(url: str) -> dict:
+def run(url: str, groups: list[str] | None = None) -> dict:
     bodies = {"schema_greedy": [{"messages": [{"role": "user", "content": f"Describe a {a} called pet {i} as JSON."}],
                                  "response_format": PET_FORMAT, "max_tokens": 150, "temperature": 0}
                                 for i, a in enumerate(ANIMALS * 5)],
@@ -44,6 +44,8 @@ def run(url: str) -> dict:
                               for s in range(50)]}
     results = {}
     for name, group in bodies.items():
+        if groups and name not in groups:
+            continue
         with ThreadPoolExecutor(16) as pool:
             replies = list(pool.map(lambda b: chat(url, b), group))
         valid, failures = 0, []
@@ -52,25 +54,28 @@ def run(url: str) -> dict:
                 choice = reply["choices"][0]
                 if name.startswith("schema"):
                     jsonschema.validate(json.loads(choice["message"]["content"]), PET_SCHEMA)
-                else:
-                    assert choice["finish_reason"] == "tool_calls", choice["finish_reason"]
+                else:  # "length" too: a cut keeps the calls it completed (parallel calls can run on)
+                    assert choice["finish_reason"] in ("tool_calls", "length") and choice["message"]["tool_calls"]
                     for call in choice["message"]["tool_calls"]:
-                        jsonschema.validate(json.loads(call["function"]["arguments"]), SCHEMAS[call["function"]["name"]])
+                        function = call["function"]
+                        jsonschema.validate(json.loads(function["arguments"]), SCHEMAS[function["name"]])
                 valid += 1
             except (KeyError, ValueError, AssertionError, jsonschema.ValidationError) as e:
                 failures.append(f"{type(e).__name__}: {str(e)[:120]} in {json.dumps(reply)[:300]}")
-        results[name] = {"valid": valid, "of": len(replies), "failures": failures[:3]}
-        print(f"{name}: {valid} of {len(replies)} valid", flush=True)
+        cut = sum(r.get("choices", [{}])[0].get("finish_reason") == "length" for r in replies)
+        results[name] = {"valid": valid, "of": len(replies), "cut_by_max_tokens": cut, "failures": failures[:3]}
+        print(f"{name}: {valid} of {len(replies)} valid ({cut} cut by max_tokens)", flush=True)
     return results
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", type=Path)
+    parser.add_argument("--group", action="append", help="only these groups (schema_greedy, tools_named, ...)")
     args = parser.parse_args()
     engine = Engine(EngineConfig(model_path=args.model, device="cpu", max_batch=16, max_model_len=1024))
     with live_server(engine) as live:
-        print(json.dumps({"model": engine.model_path.name, **run(live.url)}, indent=1))
+        print(json.dumps({"model": engine.model_path.name, **run(live.url, args.group)}, indent=1))
 
 
 if __name__ == "__main__":

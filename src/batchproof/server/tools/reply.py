@@ -1,7 +1,8 @@
 """A reply's text as OpenAI's tool calls, whole or streamed (one ToolReply per choice).
 
 - named: the text is the call's arguments (generated under their grammar), streamed as it comes.
-- required: the text is a JSON array of calls (generated under its grammar), sent whole at the end.
+- required: the text is a JSON array of calls (generated under its grammar), sent whole at the end;
+  cut by max_tokens, the calls it completed (the unfinished one is left out: finish_reason says "length").
 - auto: the model's own format, read by formats.py; text that is certainly not a call streams.
 A reply cut by max_tokens keeps finish_reason "length": a named call then carries the arguments
 written so far; required or auto text that does not parse stays content.
@@ -21,15 +22,20 @@ def new_call_id() -> str:
 
 
 def _parsed_array(text: str) -> list[ParsedCall] | None:
-    """`required`'s text: [{"name": ..., "arguments": {...}}, ...] (None: cut short, it does not parse)."""
-    try:
-        calls = json.loads(text)
-    except ValueError:
+    """`required`'s text: [{"name": ..., "arguments": {...}}, ...] -> its calls. Cut short (by
+    max_tokens with parallel calls, say), the calls it completed; None if it completed none."""
+    decoder, calls, pos = json.JSONDecoder(), [], 1
+    if not text.startswith("["):
         return None
-    try:  # under its grammar it is this shape; a stop string can still cut it anywhere
-        return [ParsedCall(c["name"], json.dumps(c["arguments"], ensure_ascii=False)) for c in calls]
-    except (KeyError, TypeError):
-        return None
+    while True:
+        try:
+            call, pos = decoder.raw_decode(text, pos)
+            calls.append(ParsedCall(call["name"], json.dumps(call["arguments"], ensure_ascii=False)))
+        except (ValueError, KeyError, TypeError):  # under its grammar only a cut leaves an item unfinished
+            return calls or None
+        if not text.startswith(", ", pos):
+            return calls
+        pos += 2
 
 
 @dataclass
