@@ -294,7 +294,9 @@ def test_a_negative_rate_is_no_rate():
 
 def test_a_tiny_positive_rate_is_a_rate():
     reasons = _reasons(mutated(set_band(C4, "decode_tok_s", 5e-324)))
-    assert reasons == ["S7: decode at c=4 is 5e-324 tok/s, 0.0% of c=1's 40.0 tok/s; the contract needs at least 50%"]
+    # Rounded to what it means, but never to a zero: the rate keeps its three significant digits.
+    assert reasons == ["S7: decode at c=4 is 4.94e-324 tok/s, 0.0% of c=1's 40.0 tok/s; "
+                       "the contract needs at least 50%"]
 
 
 def test_judge_does_not_change_its_inputs():

@@ -35,6 +35,7 @@ def test_the_shipped_contract_holds_the_spec_values():
         declared_min_floor=64,
         decode_ratio_c4_over_c1=0.5,
         require_bitwise_logprobs=True,
+        require_stable_reference=True,
     )
 
 

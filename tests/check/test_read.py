@@ -121,13 +121,18 @@ def test_typed_witness_keeps_only_the_judged_keys_and_makes_numbers_floats():
     witness["bands"][C4]["decode_tok_s"] = 30
     witness["bands"][C4]["top2_margin_at_divergence"] = 0
     typed = typed_witness(witness)
-    assert sorted(typed) == sorted(["binary_sha256", "commit", "host", "prompt_sha256", "model", "bands", "fleet"])
+    assert sorted(typed) == sorted(["binary_sha256", "commit", "host", "prompt_sha256", "model", "bands", "fleet",
+                                    "fail_open", "reference_logprobs", "stream_parity", "cache"])
     assert typed["fleet"] is None  # a witness without a fleet section
+    # ... nor the additions of issue 27: nothing failed open, no mode ran, the reference's logprobs unrecorded.
+    assert (typed["fail_open"], typed["stream_parity"], typed["cache"]) == ([], None, None)
+    assert typed["reference_logprobs"] is None
     assert typed["model"] == witness["model"]
     band = typed["bands"][C4]
     assert sorted(band) == sorted(["c", "result", "m_formed", "divergence_at", "declared_min",
                                    "top2_margin_at_divergence", "decode_tok_s", "divergence_slot",
-                                   "logprob_max_abs_diff", "logprobs_bitwise_equal", "m_formed_by_replica", "slots"])
+                                   "logprob_max_abs_diff", "logprobs_bitwise_equal", "logprobs_attributable",
+                                   "m_formed_by_replica", "slots"])
     assert band["decode_tok_s"] == 30.0 and isinstance(band["decode_tok_s"], float)
     assert band["top2_margin_at_divergence"] == 0.0 and isinstance(band["top2_margin_at_divergence"], float)
     assert typed["bands"][C1]["top2_margin_at_divergence"] is None

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.check_support import check_probe_witness
+from tests.helpers.probe_check import judge_probe_witness as check_probe_witness
 from tests.helpers.scripted_server import Script, ScriptedServer, run_probe
 
 FLEET = {"replicas": ("r0", "r1"), "listed_replicas": ("r0", "r1"), "has_histogram": True}

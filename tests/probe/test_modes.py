@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from batchproof.probe.prompts import BUILTIN_PROMPTS
-from tests.helpers.check_support import check_probe_witness as check
+from tests.helpers.probe_check import judge_probe_witness as check
 from tests.helpers.scripted_server import Script, ScriptedServer, closed_port_url, run_probe
 
 

@@ -22,11 +22,13 @@ WITNESS_KEYS = [
     "witness_version", "probe", "host", "commit", "binary_sha256", "model", "prompt_sha256",
     "sampler", "declared_min", "served_model", "server", "reference", "bands", "result",
     "mode", "route", "stagger_ms", "prompts", "references", "fleet",
+    "reference_logprobs", "dropped_fields", "extra_body", "fail_open", "cache", "stream_parity",
 ]
 BAND_KEYS = [
     "c", "m_formed", "m_formed_source", "result", "divergence_at", "intra_agree_to",
     "max_constant_run", "declared_min", "max_constant_run_declared", "reason", "decode_tok_s",
-    "divergence_slot", "logprob_max_abs_diff", "logprobs_bitwise_equal", "m_formed_by_replica", "slots",
+    "divergence_slot", "logprob_max_abs_diff", "logprobs_bitwise_equal", "logprobs_attributable",
+    "m_formed_by_replica", "slots",
 ]
 SLOT_KEYS = [
     "i", "completion_tokens", "finish_reason", "refused", "decode_tok_s", "prompt", "stream_mode",
@@ -54,6 +56,10 @@ def test_a_clean_ladder_passes_with_m_formed_from_the_log(tmp_path: Path, log: P
     assert witness["prompt_sha256"] == hashlib.sha256(b"Write an essay on compilers.").hexdigest()
     assert witness["server"] == {"max_batch": 16, "dtype": "float32", "version": "fake"}
     assert witness["reference"] == {"stable": True, "tokens": 12, "self_divergence_at": 12}
+    assert witness["reference_logprobs"] == {"logprobs_stable": True, "logprob_max_abs_diff": 0.0,
+                                             "logprob_first_diff_at": None, "logprob_reason": None}
+    assert (witness["dropped_fields"], witness["fail_open"], witness["cache"], witness["stream_parity"]) == (
+        [], [], None, None)
     formed = [(b["c"], b["m_formed"], b["m_formed_source"]) for b in witness["bands"]]
     assert formed == [(1, 1, "log"), (4, 4, "log")]
     for band in witness["bands"]:
@@ -64,7 +70,7 @@ def test_a_clean_ladder_passes_with_m_formed_from_the_log(tmp_path: Path, log: P
         assert all(list(s) == SLOT_KEYS and s["refused"] is None for s in band["slots"])
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "batchproof probe: PASS (declared_min 6, n_predict 12)"
-    assert out[1] == "  m=1 reference: stable tokens=12 self_divergence_at=12"
+    assert out[1] == "  m=1 reference: stable tokens=12 self_divergence_at=12 logprobs=bitwise"
     assert out[3].startswith("  c=4 m_formed=4 (log) PASS intra_agree_to=12 divergence_at=12 top2_margin=-")
 
 

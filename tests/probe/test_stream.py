@@ -128,7 +128,7 @@ def test_an_error_event_or_a_bad_entry_stops_the_stream() -> None:
 
 def test_a_non_integer_usage_count_is_no_count() -> None:
     result = StreamResult()
-    result.feed(content("a"), 0.0)
+    result.feed(content("a", [OURS]), 0.0)
     result.feed({"choices": [], "usage": {"completion_tokens": "3"}}, 0.1)
     result.finish()
     assert result.error is None and result.completion_tokens is None
@@ -139,3 +139,40 @@ def test_the_replica_header_is_read_case_blind_and_blank_is_none() -> None:
     assert replica_of(httpx.Headers({"x-batchproof-replica": "a,b"})) == "a,b"  # n>1 spread: kept as sent
     assert replica_of(httpx.Headers({"x-batchproof-replica": " "})) is None
     assert replica_of(httpx.Headers({"content-type": "text/event-stream"})) is None
+
+
+def test_content_without_any_logprob_entry_is_a_fail_open() -> None:
+    for is_streamed in (True, False):
+        result = StreamResult(is_streamed=is_streamed)
+        result.feed(content("a"), 0.0)
+        result.feed({"choices": [], "usage": {"completion_tokens": 1}}, 0.1)
+        result.finish()
+        how = "streamed" if is_streamed else "not streamed"
+        assert result.is_fail_open and result.error == f"fail-open: HTTP 200 with content but no logprobs ({how})"
+
+
+def test_cached_tokens_are_read_from_usage_or_llamacpp_timings() -> None:
+    from batchproof.probe.stream import cached_tokens
+
+    assert cached_tokens({"usage": {"prompt_tokens_details": {"cached_tokens": 48}}}) == 48
+    assert cached_tokens({"timings": {"cache_n": 17}}) == 17
+    assert cached_tokens({"usage": {"prompt_tokens_details": None}}) is None
+    assert cached_tokens({"usage": {"prompt_tokens_details": {"cached_tokens": True}}}) is None
+    result = StreamResult()
+    result.feed({**content("a", [OURS]), "timings": {"cache_n": 9}}, 0.0)
+    result.feed({"choices": [], "usage": {"completion_tokens": 1}}, 0.1)  # usage without details keeps 9
+    assert result.cached_tokens == 9
+
+
+def test_a_whole_reply_is_read_like_a_stream() -> None:
+    from batchproof.probe.stream import read_whole, unstreamed_body
+
+    assert unstreamed_body({"stream": True, "stream_options": {"include_usage": True}, "seed": 0}) == {
+        "seed": 0, "stream": False}
+    result = StreamResult(is_streamed=False)
+    read_whole({"choices": [{"index": 0, "message": {"role": "assistant", "content": " hi"},
+                             "logprobs": {"content": [OURS]}, "finish_reason": "length"}],
+                "usage": {"completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 3}}}, result)
+    result.finish()
+    assert (result.error, result.text, result.finish_reason, result.cached_tokens) == (None, " hi", "length", 3)
+    assert [e.identity for e in result.entries] == [(" hi", (32, 104, 105))]

@@ -22,7 +22,7 @@ _KEYS = (
     "decode_ratio_c4_over_c1",
 )
 # Optional clauses: absent means off, so contracts written before them (aprender's) still load.
-_OPTIONAL_KEYS = ("require_bitwise_logprobs",)
+_OPTIONAL_KEYS = ("require_bitwise_logprobs", "require_stable_reference")
 _MODEL_KEYS = ("prefix", "sha256")
 # A value quoted in a message is cut to a few items and characters: a contract's error is one
 # short line however large (or deeply nested) the value that caused it.
@@ -86,6 +86,9 @@ class Contract:
     declared_min_floor: int
     decode_ratio_c4_over_c1: float
     require_bitwise_logprobs: bool = False
+    # The m=1 reference's own runs must agree on every logprob: otherwise no band's logprob
+    # difference can be blamed on (or cleared of) batching.
+    require_stable_reference: bool = False
 
     def __post_init__(self) -> None:
         models = self.blessed_models
@@ -102,10 +105,9 @@ class Contract:
         _require_count("near_tie_cap", self.near_tie_cap)
         _require_count("declared_min_floor", self.declared_min_floor)
         _require_number("decode_ratio_c4_over_c1", self.decode_ratio_c4_over_c1)
-        if not isinstance(self.require_bitwise_logprobs, bool):
-            raise ContractError(
-                "require_bitwise_logprobs", f"must be true or false, got {_shown(self.require_bitwise_logprobs)}"
-            )
+        for key in _OPTIONAL_KEYS:
+            if not isinstance(getattr(self, key), bool):
+                raise ContractError(key, f"must be true or false, got {_shown(getattr(self, key))}")
 
 
 def _require_number(key: str, value: object) -> None:
@@ -167,6 +169,7 @@ def contract_from_mapping(raw: object) -> Contract:
         declared_min_floor=fields["declared_min_floor"],
         decode_ratio_c4_over_c1=fields["decode_ratio_c4_over_c1"],
         require_bitwise_logprobs=fields.get("require_bitwise_logprobs", False),
+        require_stable_reference=fields.get("require_stable_reference", False),
     )
 
 

@@ -97,10 +97,17 @@ def agreement_reasons(band: dict, contract: Contract) -> list[str]:
 
 def logprob_reason(band: dict, contract: Contract) -> str | None:
     """Bitwise logprobs (an optional clause): tokens flip only at near-ties, logprobs show
-    a batch-variant path on every request."""
+    a batch-variant path on every request. When the m=1 reference's own runs already differ,
+    the difference is not batching's: under a contract that requires a stable reference the
+    reference's reason says so (once, naming it, not every band); otherwise it is labelled."""
     if not contract.require_bitwise_logprobs or band["logprobs_bitwise_equal"] is True:
         return None
+    is_unattributable = band["logprobs_attributable"] is False
+    if is_unattributable and contract.require_stable_reference:
+        return None
     c, need = band["c"], "the contract requires logprobs bitwise equal to m=1's"
+    if is_unattributable:
+        need = f"not attributable to batching (the m=1 reference's own runs differ); {need}"
     if band["logprobs_bitwise_equal"] is None:
         return f"logprobs: c={c} logprob parity with m=1 not recorded; {need}"
     diff = band["logprob_max_abs_diff"]
@@ -233,9 +240,22 @@ def decode_reasons(bands: list[dict], contract: Contract) -> list[str]:
     if d4 >= ratio * d1:
         return []
     return [
-        f"S7: decode at c=4 is {d4!r} tok/s, {100 * d4 / d1:.1f}% of c=1's {d1!r} tok/s; "
-        f"the contract needs at least {100 * ratio:g}%"
+        f"S7: decode at c=4 is {rate_text(d4)} tok/s, {share_text(100 * d4 / d1, 100 * ratio)}% of c=1's "
+        f"{rate_text(d1)} tok/s; the contract needs at least {100 * ratio:g}%"
     ]
+
+
+def rate_text(rate: float) -> str:
+    """A decode rate to what it means: tenths of a token per second (45.2, not 45.20838614744939);
+    a rate too small to show in tenths keeps three significant digits, never reading as 0."""
+    return f"{rate:.1f}" if rate >= 0.05 else f"{rate:.3g}"
+
+
+def share_text(percent: float, needed: float) -> str:
+    """A percentage to one decimal, or more where one decimal would round a failing share up to
+    the share it fails (49.96% is not "50.0%" of a 50% rule)."""
+    text = f"{percent:.1f}"
+    return text if float(text) < needed else f"{percent:.4g}"
 
 
 def fleet_reasons(fleet: dict | None) -> list[str]:
@@ -260,14 +280,53 @@ def fleet_reasons(fleet: dict | None) -> list[str]:
     return [f"fleet: result {fleet['result']} is not PASS{why}; cross-replica agreement is not shown"]
 
 
+def fail_open_reasons(fail_open: list[dict]) -> list[str]:
+    """A 200 without the logprobs asked for, whatever the contract: a client that asked for logprobs
+    and got none is the failure the probe exists to catch, never a pass and never unmeasurable."""
+    return [
+        f"fail-open: {entry['route']} ({'streamed' if entry['streamed'] else 'not streamed'}) answered "
+        f"{entry['requests']} request(s) with {entry['what'] or 'no logprobs'}; a request that asks for "
+        "logprobs must never get a 200 without them"
+        for entry in fail_open
+    ]
+
+
+def reference_reasons(reference: dict | None, contract: Contract) -> list[str]:
+    """The m=1 reference's two runs agree on every logprob (an optional clause): named as the
+    reference's finding, so a band is never blamed for a server that varies alone."""
+    if not contract.require_stable_reference or reference is None or reference["logprobs_stable"] is not False:
+        return []
+    why = reference["logprob_reason"] or "reference: logprobs of two alone runs differ"
+    return [f"{why}; the contract does not admit an unstable reference"]
+
+
+def mode_reasons(name: str, section: dict | None, contract: Contract) -> list[str]:
+    """--stream-parity and --cache, whatever the contract: every attributable finding (a logprob-only
+    one where the contract requires bitwise logprobs), and a mode that could not compare."""
+    if section is None:
+        return []
+    judged = [f for f in section["findings"] if f["attributable"] is not False and f["kind"] != "refused"
+              and (f["kind"] != "logprob" or contract.require_bitwise_logprobs)]
+    reasons = [str(f["text"]) for f in judged]
+    if section["result"] not in ("PASS", "FAIL"):
+        why = f" ({section['reason']})" if section["reason"] else ""
+        reasons.append(f"{name}: result {section['result'] or 'not recorded'}{why}; the mode did not compare")
+    return reasons
+
+
 def judge(witness: dict, contract: Contract) -> list[str]:
-    """Every reason the typed `witness` is not admissible under `contract`, in the spec's order."""
+    """Every reason the typed `witness` is not admissible under `contract`, in the spec's order
+    (the additions after identity: fail-open and the reference; after the fleet: the modes)."""
     bands, fleet = witness["bands"], witness.get("fleet")
     return [
         *model_reasons(witness["model"], contract),
         *identity_reasons(witness),
+        *fail_open_reasons(witness.get("fail_open") or []),
+        *reference_reasons(witness.get("reference_logprobs"), contract),
         *band_reasons(bands, contract, fleet is not None),
         *near_tie_cap_reasons(bands, contract),
         *decode_reasons(bands, contract),
         *fleet_reasons(fleet),
+        *mode_reasons("stream parity", witness.get("stream_parity"), contract),
+        *mode_reasons("cache", witness.get("cache"), contract),
     ]

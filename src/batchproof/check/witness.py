@@ -26,6 +26,7 @@ BAND_KEYS = {
     "divergence_slot": INTEGER,
     "logprob_max_abs_diff": NUMBER,
     "logprobs_bitwise_equal": BOOLEAN,
+    "logprobs_attributable": BOOLEAN,  # false: the m=1 reference's own runs differ in logprobs
 }
 MODEL_KEYS = {"path": STRING, "sha256": STRING}
 # A fleet witness's cross-replica agreement (an addition to v3; absent or null elsewhere).
@@ -41,6 +42,15 @@ SLOT_KEYS = {
     "logprob_first_diff_at": INTEGER,
     "replica": STRING,  # on a fleet: the replica that served the slot
 }
+
+
+# Additions for any server (issue 27): the reference's logprob stability, the --cache and
+# --stream-parity sections and their findings, and the 200s that came back without logprobs.
+REFERENCE_KEYS = {"logprobs_stable": BOOLEAN, "logprob_reason": STRING}
+SECTION_KEYS = {"result": STRING, "reason": STRING}
+FINDING_KEYS = {"kind": STRING, "text": STRING, "attributable": BOOLEAN}
+FAIL_OPEN_KEYS = {"route": STRING, "streamed": BOOLEAN, "requests": INTEGER, "what": STRING}
+MODE_SECTIONS = ("stream_parity", "cache")
 
 
 class WitnessError(ValueError):
@@ -160,12 +170,38 @@ def _fleet(value: object) -> dict | None:
     return fleet
 
 
-def _bands(value: object) -> list[dict]:
+def _bands(value: object, has_finding: bool = False) -> list[dict]:
+    """The bands; none is unjudgeable, unless the witness records a fail-open, which is judged
+    (NOT ADMISSIBLE) without any band: a server that answers without logprobs has none to show."""
     if value is not None and not isinstance(value, list):
         raise WitnessError(f"bands must be a list or null, got {shown(value)}")
     if not value:
+        if has_finding:
+            return []
         raise WitnessError("the witness measured no bands")
     return [_band(index, band) for index, band in enumerate(value)]
+
+
+def _list_of(value: object, keys: dict[str, str], where: str) -> list[dict]:
+    """A list (absent or null: empty) of objects with `keys`, each of its declared type."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise WitnessError(f"{where} must be a list or null, got {shown(value)}")
+    items = []
+    for index, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise WitnessError(f"{where}[{index}] must be an object, got {shown(item)}")
+        items.append(typed_keys(item, keys, f"{where}[{index}]"))
+    return items
+
+
+def _section(value: object, name: str) -> dict | None:
+    """A mode's section: its result and reason, and its findings."""
+    section = typed_keys(value, SECTION_KEYS, name)
+    if section is not None:
+        section["findings"] = _list_of(value.get("findings"), FINDING_KEYS, f"{name}.findings")
+    return section
 
 
 def typed_witness(value: object) -> dict:
@@ -174,8 +210,12 @@ def typed_witness(value: object) -> dict:
         raise WitnessError(f"not a JSON object, got {shown(value)}")
     witness = {key: typed_value(value.get(key), STRING, key) for key in IDENTITY_KEYS}
     witness["model"] = typed_keys(value.get("model"), MODEL_KEYS, "model")
-    witness["bands"] = _bands(value.get("bands"))
+    witness["fail_open"] = _list_of(value.get("fail_open"), FAIL_OPEN_KEYS, "fail_open")
+    witness["bands"] = _bands(value.get("bands"), bool(witness["fail_open"]))
     witness["fleet"] = _fleet(value.get("fleet"))
+    witness["reference_logprobs"] = typed_keys(value.get("reference_logprobs"), REFERENCE_KEYS, "reference_logprobs")
+    for name in MODE_SECTIONS:
+        witness[name] = _section(value.get(name), name)
     return witness
 
 

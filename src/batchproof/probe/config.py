@@ -2,6 +2,7 @@
 
 import argparse
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,11 +13,25 @@ from batchproof.probe.prompts import BUILTIN_PROMPTS, load_prompts
 from batchproof.probe.request import ROUTES, Route
 
 DEFAULT_PROMPT = "Write an essay on compilers."
+# What every request asks, fixed by the spec and the matrix: --extra-body may add fields, not change these.
+PROTOCOL_FIELDS = frozenset({"messages", "prompt", "logprobs", "top_logprobs", "temperature", "max_tokens",
+                             "seed", "ignore_eos", "stream", "stream_options", "model"})
 
 
 def _flag(flag: str, help: str, metavar: str | None = None, parse: Any = str) -> dict[str, Any]:
     """How a field appears on the command line (the CLI is built from these)."""
     return {"flag": flag, "help": help, "metavar": metavar, "parse": parse}
+
+
+def parse_extra_body(text: str) -> dict[str, Any]:
+    """`--extra-body`: a JSON object of fields added to every request."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"{text!r} is not JSON ({err.msg})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a JSON object")
+    return value
 
 
 def parse_ladder(text: str) -> tuple[int, ...]:
@@ -68,6 +83,22 @@ class ProbeConfig:
         metadata=_flag("--fleet", "the server is a fleet of replicas: measure each replica alone, record which "
                        "replica served every request (x-batchproof-replica), and fail when two replicas' "
                        "replies differ", parse=bool),
+    )
+    is_cache: bool = field(
+        default=False,
+        metadata=_flag("--cache", "also measure caches: per prompt, a cold run (a fresh nonce first) and warm "
+                       "runs after requests sharing a long prefix (a system prompt, an earlier turn, prefixes cut "
+                       "at several lengths), alone and in bands, each compared with the cold run", parse=bool),
+    )
+    is_stream_parity: bool = field(
+        default=False,
+        metadata=_flag("--stream-parity", "also fetch every reference and band slot whole (stream: false) and "
+                       "compare its tokens, text and logprobs with the streamed reply's", parse=bool),
+    )
+    extra_body: dict[str, Any] | None = field(
+        default=None,
+        metadata=_flag("--extra-body", "a JSON object of fields added to every request, e.g. "
+                       "'{\"cache_prompt\": false}' for llama-server", "JSON", parse_extra_body),
     )
     stagger_ms: float = field(
         default=0.0,
@@ -127,6 +158,11 @@ class ProbeConfig:
             raise ValueError("--prompts is for --mixed; give --prompt TEXT for identical requests")
         if self.is_mixed and self.prompt != DEFAULT_PROMPT:
             raise ValueError("--prompt is for identical requests; give --mixed --prompts FILE instead")
+        if self.is_fleet and (self.is_cache or self.is_stream_parity):
+            raise ValueError("--cache and --stream-parity measure one server; give them without --fleet")
+        protected = sorted(set(self.extra_body or {}) & PROTOCOL_FIELDS)
+        if protected:
+            raise ValueError(f"--extra-body must not set {protected[0]!r}: the matrix and the probe decide it")
         if not self.timeout_s > 0:
             raise ValueError(f"--timeout must be positive, got {self.timeout_s}")
         if not self.settle_s >= 0:

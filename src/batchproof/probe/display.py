@@ -138,8 +138,49 @@ def fleet_lines(fleet: dict[str, Any]) -> list[str]:
     return lines
 
 
+def reference_logprobs_part(reference: dict[str, Any]) -> str:
+    """The reference's logprob stability, when the witness has it: bitwise, or the finding."""
+    if reference.get("logprobs_stable") is True:
+        return " logprobs=bitwise"
+    if reference.get("logprobs_stable") is False:
+        return f" logprobs NOT STABLE: {reference.get('logprob_reason')} (band logprob differences are not batching's)"
+    return ""
+
+
+def section_lines(name: str, section: dict[str, Any] | None, summary: str = "") -> list[str]:
+    """A mode's verdict line and each of its findings (a not-attributable one says why)."""
+    if section is None:
+        return []
+    why = f" ({section['reason']})" if section.get("reason") else ""
+    findings = section.get("findings") or []
+    blamed = [f for f in findings if f.get("attributable") is not False]
+    others = len(findings) - len(blamed)
+    more = [f"    and {others} difference(s) not attributable to {name} (in the witness)"] if others else []
+    return [f"  {name}: {section['result']}{summary}{why}", *(f"    {f['text']}" for f in blamed), *more]
+
+
+def cache_summary(cache: dict[str, Any] | None) -> str:
+    if not cache or cache.get("num_warm_slots") is None:
+        return ""
+    hits = "cached_tokens unknown" if cache.get("num_hits") is None else f"{cache['num_hits']} hit"
+    return f", {len(cache.get('cases') or [])} cases, {cache['num_warm_slots']} warm slots ({hits})"
+
+
+def any_server_lines(witness: dict[str, Any]) -> list[str]:
+    """What the server refused (and so was not asked) and the 200s that lacked their logprobs."""
+    lines = []
+    if witness.get("dropped_fields"):
+        lines.append(f"  dropped fields (the server refused them): {', '.join(witness['dropped_fields'])}")
+    for entry in witness.get("fail_open") or []:
+        how = "streamed" if entry["streamed"] else "not streamed"
+        lines.append(f"  FAIL-OPEN: {entry['route']} ({how}) answered {entry['requests']} request(s) "
+                     f"with {entry['what']}")
+    return lines
+
+
 def report_lines(witness: dict[str, Any]) -> list[str]:
-    """The verdict, the reference, one line per band, then on a fleet its replicas' agreement."""
+    """The verdict, the reference, one line per band, then on a fleet its replicas' agreement,
+    then the other modes' sections and what any server refused or failed open on."""
     reference = witness["reference"]
     stable = "stable" if reference["stable"] else "NOT STABLE"
     why = f" ({reference['reason']})" if reference.get("reason") else ""
@@ -148,8 +189,12 @@ def report_lines(witness: dict[str, Any]) -> list[str]:
         f"batchproof probe: {witness['result']} (declared_min {witness['declared_min']}, "
         f"n_predict {witness['sampler']['max_tokens']})",
         f"  m=1 reference: {stable} tokens={_or_dash(reference['tokens'])} "
-        f"self_divergence_at={_or_dash(reference['self_divergence_at'])}{why}",
+        f"self_divergence_at={_or_dash(reference['self_divergence_at'])}{why}"
+        f"{reference_logprobs_part(witness.get('reference_logprobs') or {})}",
         *(line for band in witness["bands"] for line in (band_line(band, fleet is not None), *conflict_lines(band))),
         *(fleet_lines(fleet) if fleet is not None else []),
+        *section_lines("stream parity", witness.get("stream_parity")),
+        *section_lines("cache", witness.get("cache"), cache_summary(witness.get("cache"))),
+        *any_server_lines(witness),
     ]
     return [printable(line) for line in lines]

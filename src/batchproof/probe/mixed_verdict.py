@@ -56,7 +56,7 @@ def judge_mixed_band(
     worst = worst_slot(divergences)
     slot_ids = intern([s.identities for s in slots])
     runs = [longest_constant_run(ids) for ids in slot_ids]
-    failed = frozen_or_short(slot_ids, runs, policy)
+    failed = frozen_or_short(slot_ids, runs, policy, [s.ended_early for s in slots])
     result, reason = failed if failed is not None else ("PASS", None)
     at, margin = divergences[worst]
     return BandJudgement(result, reason, at, margin, at, max(runs)), divergences, worst

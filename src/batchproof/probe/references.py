@@ -15,7 +15,7 @@ from batchproof.probe.witness import reference_record
 
 def sample(result: StreamResult) -> Sample:
     identities = [entry.identity for entry in result.entries]
-    return Sample(identities, result.completion_tokens, result.error)
+    return Sample(identities, result.completion_tokens, result.error, result.is_early_stop_ok, result.finish_reason)
 
 
 def as_reference(result: StreamResult) -> Reference:
@@ -104,22 +104,49 @@ def group_parity(group: AloneGroup, judgement: ReferenceJudgement | None) -> Log
 
 def prompt_reference_record(
     i: int, judgement: ReferenceJudgement | None, parity: LogprobParity, replicas: Sequence[str | None] = (),
-    tokens: int | None = None,
+    tokens: int | None = None, cached_tokens: Sequence[int | None] = (),
 ) -> dict[str, Any]:
-    """One prompt's reference in the witness, with how far its runs' logprobs differ and the
-    replica that served each run; `stable` null when one run had nothing to be compared with."""
+    """One prompt's reference in the witness, with how far its runs' logprobs differ (and from
+    which token), the replica that served each run and the prompt tokens each was served from the
+    server's cache; `stable` null when one run had nothing to be compared with."""
     if judgement is None:
         record: dict[str, Any] = {"stable": None, "tokens": tokens, "self_divergence_at": None,
                                   "reason": "served alone once: its self-consistency is untested"}
     else:
         record = reference_record(judgement)
     return {"prompt": i, **record, "logprob_max_abs_diff": parity.max_abs_diff,
-            "logprobs_bitwise_equal": parity.is_bitwise_equal, "replicas": list(replicas)}
+            "logprobs_bitwise_equal": parity.is_bitwise_equal, "logprob_first_diff_at": parity.first_diff_at,
+            "replicas": list(replicas), "cached_tokens": list(cached_tokens)}
 
 
 def group_record(group: AloneGroup, judgement: ReferenceJudgement | None) -> dict[str, Any]:
     return prompt_reference_record(group.prompt, judgement, group_parity(group, judgement),
-                                   [run.replica for run in group.runs], group.runs[0].completion_tokens)
+                                   [run.replica for run in group.runs], group.runs[0].completion_tokens,
+                                   [run.cached_tokens for run in group.runs])
+
+
+def logprob_stability(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The reference on logprobs, as the witness's `reference` adds it: the runs of one request
+    served alone must agree on every logprob, or no band's difference can be blamed on batching.
+    Names the worst prompt's difference, where it starts and, when the later run was served from
+    the server's cache and the first was not, says so."""
+    measured = [r for r in records if r["logprobs_bitwise_equal"] is not None]
+    if not measured:
+        return {"logprobs_stable": None, "logprob_max_abs_diff": None, "logprob_first_diff_at": None,
+                "logprob_reason": None}
+    unstable = [r for r in measured if r["logprobs_bitwise_equal"] is False]
+    if not unstable:
+        return {"logprobs_stable": True, "logprob_max_abs_diff": max(r["logprob_max_abs_diff"] for r in measured),
+                "logprob_first_diff_at": None, "logprob_reason": None}
+    worst = max(unstable, key=lambda r: r["logprob_max_abs_diff"] or 0.0)
+    where = f" (prompt {worst['prompt']})" if len({r["prompt"] for r in records}) > 1 else ""
+    size, at = worst["logprob_max_abs_diff"], worst["logprob_first_diff_at"]
+    reason = f"reference: logprobs of two alone runs differ by {size:.3g} at token {at}{where}"
+    cached = worst.get("cached_tokens") or []
+    if len(cached) >= 2 and not cached[0] and any(cached[1:]):
+        reason += f"; the later run was served {max(n or 0 for n in cached[1:])} prompt tokens from the server's cache"
+    return {"logprobs_stable": False, "logprob_max_abs_diff": size, "logprob_first_diff_at": at,
+            "logprob_reason": reason}
 
 
 def reference_for(alone: list[list[StreamResult]], prompt: int, replica: str | None, is_fleet: bool) -> StreamResult:

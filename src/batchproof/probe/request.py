@@ -9,15 +9,25 @@ ROUTES: dict[Route, str] = {"chat": "/v1/chat/completions", "completions": "/v1/
 TOP_LOGPROBS = 2
 
 
-def request_body(route: Route, prompt: str, matrix: Matrix, served_model: str | None) -> dict[str, Any]:
-    """One greedy streamed request with logprobs; only how the prompt and logprobs are asked differs."""
+Message = dict[str, str]
+
+
+def request_body(
+    route: Route, prompt: str | list[Message], matrix: Matrix, served_model: str | None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One greedy streamed request with logprobs; only how the prompt and logprobs are asked differs.
+    `prompt` is a user message, or a whole conversation (`--cache`'s system prompts and turns);
+    `extra` (`--extra-body`) adds a server's own fields, e.g. llama.cpp's `cache_prompt`."""
     body: dict[str, Any] = {} if served_model is None else {"model": served_model}
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
     if route == "chat":
         # Chat takes a flag and a count; legacy completions take the count as `logprobs`.
-        asked = {"messages": [{"role": "user", "content": prompt}], "logprobs": True, "top_logprobs": TOP_LOGPROBS}
+        asked = {"messages": messages, "logprobs": True, "top_logprobs": TOP_LOGPROBS}
     else:
-        asked = {"prompt": prompt, "logprobs": TOP_LOGPROBS}
-    return body | asked | {
+        # Legacy completions have no roles: a conversation is its contents, in order.
+        asked = {"prompt": "\n\n".join(m["content"] for m in messages), "logprobs": TOP_LOGPROBS}
+    return (extra or {}) | body | asked | {
         "temperature": matrix.temperature,
         "max_tokens": matrix.n_predict,
         "seed": matrix.seed,

@@ -9,8 +9,11 @@ from typing import Any
 
 import httpx
 
+from batchproof.probe.cache import cache_cases, cache_record, judge_case, measure_case
 from batchproof.probe.config import ProbeConfig
 from batchproof.probe.display import ProgressDisplay, served_by
+from batchproof.probe.fail_open import fail_open_record
+from batchproof.probe.fields import negotiate, without
 from batchproof.probe.fleet import (
     Listed,
     alone_cap,
@@ -25,6 +28,7 @@ from batchproof.probe.logprob_parity import UNMEASURED, compare
 from batchproof.probe.m_formed import MFormedWatcher
 from batchproof.probe.matrix import Matrix
 from batchproof.probe.mixed_verdict import judge_mixed_band
+from batchproof.probe.pair import band_noise
 from batchproof.probe.references import (
     alone_groups,
     as_reference,
@@ -32,11 +36,13 @@ from batchproof.probe.references import (
     group_record,
     judge_runs,
     judged_reference,
+    logprob_stability,
     reference_for,
     sample,
 )
-from batchproof.probe.request import ROUTES, request_body
+from batchproof.probe.request import ROUTES, Message, request_body
 from batchproof.probe.stream import StreamRequest, StreamResult, fire
+from batchproof.probe.stream_parity import fetch_whole_band, judge_pairs, stream_parity_record
 from batchproof.probe.verdict import (
     Policy,
     ReferenceJudgement,
@@ -96,6 +102,9 @@ class Prober:
         self.progress = progress
         self.policy = Policy(matrix.n_predict, matrix.min_agree_tokens, matrix.max_constant_run)
         self.prompts = fired_prompts(config, matrix, prompts or config.prompt_set())
+        self.served_model: str | None = None
+        self.dropped: list[str] = []  # fields the server refused, left out of every request
+        self.fired: list[StreamResult] = []  # every reply, for the fail-open census
 
     async def run(self) -> RunRecord:
         config = self.config
@@ -111,22 +120,25 @@ class Prober:
             await watcher.detect()
             listed = listed_replicas(info) if config.is_fleet else None
             self.progress.note(_sources_line(config, watcher, info, listed))
-            requests = [
-                StreamRequest(
-                    url=f"{config.url}{ROUTES[config.route]}",
-                    body=request_body(config.route, prompt, self.matrix, served_model),
-                    headers=headers(config),
-                    timeout_s=config.timeout_s,
-                )
-                for prompt in self.prompts
-            ]
-            record = await self._measure(watcher, requests, listed)
+            self.served_model = served_model
+            record = await self._measure(watcher, [self._request(prompt) for prompt in self.prompts], listed)
             return dataclasses.replace(record, server_info=info, served_model=served_model)
+
+    def _request(self, prompt: str | list[Message]) -> StreamRequest:
+        """The request for a prompt (or a conversation), without the fields the server refused."""
+        config = self.config
+        body = request_body(config.route, prompt, self.matrix, self.served_model, config.extra_body)
+        request = StreamRequest(url=f"{config.url}{ROUTES[config.route]}", body=body, headers=headers(config),
+                                timeout_s=config.timeout_s)
+        return without(request, self.dropped)
 
     async def _measure(
         self, watcher: MFormedWatcher, requests: list[StreamRequest], listed: list[Listed] | None
     ) -> RunRecord:
-        alone = await self._references(watcher, requests, listed)
+        # A server that refuses a field the probe can do without gets every request without it.
+        (first_request, self.dropped, first), *_ = await watcher.measure(negotiate(requests[0], self._tracked))
+        requests = [first_request, *(without(r, self.dropped) for r in requests[1:])]
+        alone = await self._references(watcher, requests, listed, first)
         if alone[-1][-1].is_unreachable:
             return _unreachable(None, alone[-1][-1].error or "")
         is_fleet, n_predict = self.config.is_fleet, self.matrix.n_predict
@@ -134,13 +146,17 @@ class Prober:
         judged = [(g, judge_runs([sample(run) for run in g.runs], self.policy)) for g in groups]
         reference = judged_reference(judged, len(alone), is_fleet)
         records = [group_record(g, j) for g, j in judged]
-        self.progress.phase_done(_reference_line(reference, len(alone), alone if is_fleet else None))
+        stability = logprob_stability(records)
+        self.progress.phase_done(_reference_line(reference, len(alone), alone if is_fleet else None, stability))
         # A fleet whose replies name no replica cannot be measured as one: stop before the bands.
         is_nameless = is_fleet and all(run.replica is None for runs in alone for run in runs)
         bands: list[dict[str, Any]] = []
+        fired: list[tuple[int, list[int], list[StreamResult]]] = []
         if reference.is_stable and not is_nameless:
             for c in self.matrix.ladder:
-                bands.append(await self._band(c, watcher, requests, alone))
+                band, prompts, results = await self._band(c, watcher, requests, alone, stability["logprobs_stable"])
+                bands.append(band)
+                fired.append((c, prompts, results))
         verdict = run_verdict(reference.is_stable, [(b["c"], b["result"]) for b in bands])
         fleet = None
         if is_fleet:
@@ -148,13 +164,73 @@ class Prober:
             judgement = judge_fleet(fleet_replies(alone, n_predict), slot_replicas, listed)
             verdict = with_fleet(verdict, judgement.result)
             fleet = fleet_record(judgement)
-        return RunRecord(None, None, reference, bands, verdict, references=records, fleet=fleet)
+        modes: dict[str, Any] = {}
+        if self.config.is_stream_parity:
+            modes["stream_parity"] = await self._stream_parity(requests, alone, records, bands, fired, reference)
+        if self.config.is_cache:
+            modes["cache"] = await self._cache(bands, reference)
+        for section in modes.values():
+            verdict = with_fleet(verdict, section["result"])
+        fail_open = await self._fail_open(requests[0])
+        if fail_open:
+            verdict = "FAIL"  # asked for logprobs, answered 200 without: never a pass, never unmeasurable
+        return RunRecord(None, None, reference, bands, verdict, references=records, fleet=fleet,
+                         reference_logprobs=stability, fail_open=fail_open, dropped_fields=list(self.dropped),
+                         **modes)
+
+    async def _fail_open(self, request: StreamRequest) -> list[dict[str, Any]]:
+        """Every reply that came back 200 without logprobs, by way of asking; when only streams
+        were asked and one failed open, one whole request shows whether the other path does too."""
+        if any(r.is_fail_open for r in self.fired) and all(r.is_streamed for r in self.fired):
+            await self._tracked(request, is_streamed=False)
+        return fail_open_record(self.fired, ROUTES[self.config.route])
+
+    async def _stream_parity(
+        self, requests: list[StreamRequest], alone: list[list[StreamResult]], records: list[dict[str, Any]],
+        bands: list[dict[str, Any]], fired: list[tuple[int, list[int], list[StreamResult]]],
+        reference: ReferenceJudgement,
+    ) -> dict[str, Any]:
+        """Each prompt's first m=1 run and every band slot, fetched again whole and compared."""
+        if not reference.is_stable:
+            return _not_measured("stream-parity")
+        self.progress.phase("stream parity (whole replies)", len(requests) + sum(c for c, _, _ in fired))
+        pairs = []
+        for p, request in enumerate(requests):
+            whole = await self._tracked(request, is_streamed=False)
+            stable = next((r["logprobs_bitwise_equal"] for r in records if r["prompt"] == p), None)
+            why_not = None if stable is True else f"two alone runs of prompt {p} already differ"
+            label = "m=1" if len(requests) == 1 else f"m=1 prompt {p}"
+            pairs.append((label, alone[p][0], whole, why_not))
+        for c, prompts, streamed in fired:
+            wholes = await fetch_whole_band(prompts, lambda p: self._tracked(requests[p], is_streamed=False))
+            pairs += [(f"c={c} slot {i}", s, w, band_noise(bands, c)) for i, (s, w) in enumerate(zip(streamed, wholes))]
+        section = stream_parity_record(*judge_pairs(pairs, self.matrix.n_predict))
+        self.progress.phase_done(f"stream parity: {section['result']}" + _why(section))
+        return section
+
+    async def _cache(self, bands: list[dict[str, Any]], reference: ReferenceJudgement) -> dict[str, Any]:
+        """Per cache case: cold, a warmer sharing a long prefix, warm alone twice and in bands."""
+        if not reference.is_stable:
+            return _not_measured("cache")
+        cases = cache_cases(self.prompts[0])
+        per_case = 3 + 2 + sum(c for c in self.matrix.ladder if c > 1)
+        self.progress.phase(f"cache ({len(cases)} cases: cold, warmer, warm)", per_case * len(cases))
+        judged = []
+        for case in cases:
+            cold, warmer, warm = await measure_case(case, lambda m: self._tracked(self._request(m)), self.matrix.ladder)
+            judged.append(judge_case(case, cold, warmer, warm, self.matrix.n_predict, lambda c: band_noise(bands, c)))
+        section = cache_record(judged)
+        self.progress.phase_done(f"cache: {section['result']}, {section['num_hits']} of "
+                                 f"{section['num_warm_slots']} warm slots hit" + _why(section))
+        return section
 
     async def _references(
-        self, watcher: MFormedWatcher, requests: list[StreamRequest], listed: list[Listed] | None
+        self, watcher: MFormedWatcher, requests: list[StreamRequest], listed: list[Listed] | None,
+        first: StreamResult,
     ) -> list[list[StreamResult]]:
         """Each prompt's m=1 runs, in the order they came back: two, or on a fleet until every
-        replica seen (and listed alive) has answered twice (at most alone_cap)."""
+        replica seen (and listed alive) has answered twice (at most alone_cap). `first` is prompt
+        0's first run, already fired (by the field negotiation)."""
         # One at a time, each waiting for its batch record, so none leaks into a band.
         is_fleet = self.config.is_fleet
         per_prompt = alone_cap(listed) if is_fleet else 2
@@ -164,7 +240,10 @@ class Prober:
             runs: list[StreamResult] = []
             alone.append(runs)
             while True:
-                run, *_ = await watcher.measure(self._tracked(request), _named)
+                if not alone[1:] and not runs:
+                    run = first
+                else:
+                    run, *_ = await watcher.measure(self._tracked(request), _named)
                 runs.append(run)
                 if run.is_unreachable:
                     return alone
@@ -176,8 +255,10 @@ class Prober:
         return alone
 
     async def _band(
-        self, c: int, watcher: MFormedWatcher, requests: list[StreamRequest], alone: list[list[StreamResult]]
-    ) -> dict[str, Any]:
+        self, c: int, watcher: MFormedWatcher, requests: list[StreamRequest], alone: list[list[StreamResult]],
+        is_reference_logprob_stable: bool | None = None,
+    ) -> tuple[dict[str, Any], list[int], list[StreamResult]]:
+        """The band's record, and which prompt each slot asked and what it got (for stream parity)."""
         self.progress.phase(f"band c={c}", c)
         config, start = self.config, time.perf_counter()
         prompts = [i % len(requests) for i in range(c)]
@@ -197,17 +278,19 @@ class Prober:
         else:
             ref = as_reference(references[0])
             judgement, worst = judge_band(c, m_formed, ref.identities, ref.margins, samples, self.policy), 0
-        band = band_record(c, m_formed, source, judgement, slots, self.matrix, worst, by_replica)
+        band = band_record(c, m_formed, source, judgement, slots, self.matrix, worst, by_replica,
+                           is_reference_logprob_stable)
         took = time.perf_counter() - start
         on = f", on {served_by(band)}" if config.is_fleet else ""
         summary = f"{len(results)}/{c} back in {took:.1f}s, m_formed={m_formed}{on}, {band['result']}"
         self.progress.phase_done(f"band c={c}: {summary}")
-        return band
+        return band, prompts, list(results)
 
-    async def _tracked(self, request: StreamRequest, delay_s: float = 0.0) -> StreamResult:
+    async def _tracked(self, request: StreamRequest, delay_s: float = 0.0, is_streamed: bool = True) -> StreamResult:
         if delay_s > 0:
             await asyncio.sleep(delay_s)
-        result = await fire(request)
+        result = await fire(request, is_streamed)
+        self.fired.append(result)
         self.progress.request_done()
         return result
 
@@ -225,14 +308,28 @@ def _unreachable(served_model: str | None, why: str) -> RunRecord:
     return RunRecord(None, served_model, reference, [], "UNMEASURABLE", unreachable=why)
 
 
+def _not_measured(mode: str) -> dict[str, Any]:
+    why = "the m=1 reference is not stable"
+    return {"result": "UNMEASURABLE", "reason": f"{mode} not measured: {why}", "findings": []}
+
+
+def _why(section: dict[str, Any]) -> str:
+    return f" ({section['reason']})" if section.get("reason") else ""
+
+
 def _references_label(num_prompts: int, is_fleet: bool = False) -> str:
     label = "m=1 reference" if num_prompts == 1 else f"m=1 references ({num_prompts} prompts)"
     return f"{label}, each replica twice (at most)" if is_fleet else label
 
 
-def _reference_line(reference: ReferenceJudgement, num_prompts: int, alone: list[list[StreamResult]] | None) -> str:
+def _reference_line(
+    reference: ReferenceJudgement, num_prompts: int, alone: list[list[StreamResult]] | None,
+    stability: dict[str, Any] | None = None,
+) -> str:
     state = "stable" if reference.is_stable else "NOT STABLE"
     why = f" ({reference.reason})" if reference.reason else ""
+    if stability and stability["logprob_reason"]:
+        why += f"; logprobs NOT STABLE ({stability['logprob_reason']})"
     label = _references_label(num_prompts)
     served = ""
     if alone is not None:

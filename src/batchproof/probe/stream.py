@@ -35,6 +35,12 @@ class StreamResult:
     error: str | None = None
     is_unreachable: bool = False
     replica: str | None = None  # the x-batchproof-replica header: who served it (None: not said)
+    status: int | None = None  # the HTTP status (None: no answer)
+    refusal_body: str = ""  # a non-2xx answer's body, whole: which field a server refuses is in it
+    cached_tokens: int | None = None  # prompt tokens served from the server's cache (None: not said)
+    is_streamed: bool = True
+    is_fail_open: bool = False  # a 200 with content but none of the logprobs asked for
+    is_early_stop_ok: bool = False  # the request did not ask for ignore_eos: it may end early
 
     @property
     def mode(self) -> tuple[StreamMode, str | None]:
@@ -60,8 +66,11 @@ class StreamResult:
         if isinstance(chunk.get("usage"), dict):
             self.has_usage = True
             tokens = chunk["usage"].get("completion_tokens")
-            is_count = isinstance(tokens, int) and not isinstance(tokens, bool)
-            self.completion_tokens = tokens if is_count else None
+            self.completion_tokens = tokens if _is_count(tokens) else None
+        # llama.cpp says it in `timings`, which may ride on a chunk without usage.
+        cached = cached_tokens(chunk)
+        if cached is not None:
+            self.cached_tokens = cached
         choices = chunk.get("choices")
         if isinstance(choices, list) and choices and isinstance(choices[0], dict):
             self._feed_choice(choices[0], arrival)
@@ -88,13 +97,36 @@ class StreamResult:
             raise StreamError(f"logprob entry {len(self.entries)}: {err}") from None
 
     def finish(self) -> None:
-        """The stream ended: a reply without usage or without content is an error."""
+        """The reply ended: one without usage or without content is an error, and one with
+        content but no logprob entry at all is a fail-open (asked for logprobs, got a 200 without)."""
         if self.error is not None:
             return
+        how = "stream" if self.is_streamed else "reply"
         if not self.has_usage:
-            self.error = "the stream carried no usage"
-        elif not self.arrivals:
-            self.error = "the stream carried no content"
+            self.error = f"the {how} carried no usage"
+        elif not self.text:
+            self.error = f"the {how} carried no content"
+        elif not self.entries:
+            self.is_fail_open = True
+            how = "streamed" if self.is_streamed else "not streamed"
+            self.error = f"fail-open: HTTP 200 with content but no logprobs ({how})"
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def cached_tokens(doc: dict[str, Any]) -> int | None:
+    """Prompt tokens the server says it served from its cache: OpenAI's
+    `usage.prompt_tokens_details.cached_tokens`, or llama.cpp's `timings.cache_n`."""
+    usage = doc.get("usage")
+    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+    if isinstance(details, dict) and _is_count(details.get("cached_tokens")):
+        return details["cached_tokens"]
+    timings = doc.get("timings")
+    if isinstance(timings, dict) and _is_count(timings.get("cache_n")):
+        return timings["cache_n"]
+    return None
 
 
 @dataclass(frozen=True)
@@ -107,9 +139,11 @@ class StreamRequest:
     ssl_context: ssl.SSLContext = field(default_factory=httpx.create_ssl_context)
 
 
-async def fire(request: StreamRequest) -> StreamResult:
-    """POST one streamed request on its own connection and read it to the end."""
-    result = StreamResult()
+async def fire(request: StreamRequest, is_streamed: bool = True) -> StreamResult:
+    """POST one request on its own connection and read it to the end: streamed as asked, or
+    (`is_streamed` False, for stream parity) the same request as one whole reply."""
+    result = StreamResult(is_streamed=is_streamed, is_early_stop_ok=request.body.get("ignore_eos") is not True)
+    body = request.body if is_streamed else unstreamed_body(request.body)
     timeout = httpx.Timeout(request.timeout_s, connect=min(10.0, request.timeout_s))
     # A client per request: llama.cpp's server closes a streamed connection after each
     # reply, and c concurrent streams must not queue behind a shared pool.
@@ -119,14 +153,17 @@ async def fire(request: StreamRequest) -> StreamResult:
                 timeout=timeout, headers=request.headers, verify=request.ssl_context
             ) as client:
                 start = time.perf_counter()
-                async with client.stream("POST", request.url, json=request.body) as response:
+                async with client.stream("POST", request.url, json=body) as response:
                     result.replica = replica_of(response.headers)
+                    result.status = response.status_code
                     if not response.is_success:
-                        body = (await response.aread()).decode("utf-8", "replace")
-                        result.error = f"HTTP {response.status_code}: {_body_message(body)}"
+                        refused(result, (await response.aread()).decode("utf-8", "replace"))
                         return result
-                    async for chunk in _sse_chunks(response):
-                        result.feed(chunk, time.perf_counter() - start)
+                    if is_streamed:
+                        async for chunk in _sse_chunks(response):
+                            result.feed(chunk, time.perf_counter() - start)
+                    else:
+                        read_whole(_decode((await response.aread()).decode("utf-8", "replace"), ""), result)
                     result.ended_s = time.perf_counter() - start
     except (httpx.ConnectError, httpx.ConnectTimeout) as err:
         result.error = f"cannot connect: {str(err) or type(err).__name__}"
@@ -141,6 +178,28 @@ async def fire(request: StreamRequest) -> StreamResult:
         result.error = f"unexpected {type(err).__name__}: {err}"
     result.finish()
     return result
+
+
+def unstreamed_body(body: dict[str, Any]) -> dict[str, Any]:
+    """The same request asked for whole: `stream` false, and no stream_options (which some
+    servers refuse without a stream)."""
+    return {key: value for key, value in body.items() if key != "stream_options"} | {"stream": False}
+
+
+def read_whole(doc: Any, result: StreamResult) -> None:
+    """A whole reply read as one chunk: chat's `message` is a stream's `delta`, usage and
+    legacy `text` sit where a stream's last chunks carry them."""
+    if isinstance(doc, dict) and isinstance(doc.get("choices"), list):
+        choices = [{**c, "delta": c.get("message")} if isinstance(c, dict) and "message" in c else c
+                   for c in doc["choices"]]
+        doc = {**doc, "choices": choices}
+    result.feed(doc, 0.0)
+
+
+def refused(result: StreamResult, body: str) -> None:
+    """A non-2xx answer: the request's error, and its body kept for the field negotiation."""
+    result.refusal_body = body[:4000]
+    result.error = f"HTTP {result.status}: {_body_message(body)}"
 
 
 def replica_of(headers: httpx.Headers) -> str | None:

@@ -21,6 +21,14 @@ class Sample:
     identities: Sequence[Hashable]
     completion_tokens: int | None
     error: str | None = None
+    # Without `ignore_eos` (a server that refused it), a reply may end at its own end of
+    # sequence: it is then complete at its own length and compared over it.
+    is_early_stop_ok: bool = False
+    finish_reason: str | None = None
+
+    @property
+    def ended_early(self) -> bool:
+        return self.is_early_stop_ok and self.finish_reason == "stop"
 
 
 @dataclass(frozen=True)
@@ -67,14 +75,26 @@ def longest_constant_run(ids: Sequence[Hashable]) -> int:
 
 
 def refusal(sample: Sample, n_predict: int) -> str | None:
-    """Why a reply cannot be compared, or None: it must hold exactly n_predict tokens."""
+    """Why a reply cannot be compared, or None: it must hold exactly n_predict tokens (or, one
+    that ended early where that is allowed, as many entries as it says it generated)."""
     if sample.error is not None:
         return sample.error
-    if sample.completion_tokens != n_predict:
-        return f"completion_tokens={sample.completion_tokens} != n_predict={n_predict}"
+    tokens = sample.completion_tokens
+    if sample.ended_early and isinstance(tokens, int) and 0 < tokens <= n_predict:
+        if len(sample.identities) != tokens:
+            return f"{len(sample.identities)} logprob entries != completion_tokens={tokens}"
+        return None
+    if tokens != n_predict:
+        return f"completion_tokens={tokens} != n_predict={n_predict}"
     if len(sample.identities) != n_predict:
         return f"{len(sample.identities)} logprob entries != n_predict={n_predict}"
     return None
+
+
+def agrees_enough(agree: int, len_a: int, len_b: int, declared_min: int) -> bool:
+    """declared_min tokens of agreement; or two replies that ended early at the same token
+    and agreed all the way (a shorter reply cannot show more)."""
+    return agree >= declared_min or agree == len_a == len_b
 
 
 def judge_reference(
@@ -86,7 +106,7 @@ def judge_reference(
         if why is not None:
             return ReferenceJudgement(False, first.completion_tokens, None, f"{label}: {why}")
     agree = agreement(*intern([first.identities, second.identities]))
-    if agree < policy.declared_min:
+    if not agrees_enough(agree, len(first.identities), len(second.identities), policy.declared_min):
         runs = "the two m=1 runs" if labels == ("ref#1", "ref#2") else f"m=1 runs {labels[0]} and {labels[1]}"
         why = (
             f"{runs} part at token {agree} < declared_min {policy.declared_min}: "
@@ -142,14 +162,15 @@ def judge_band(
     divergence, margin = slot_divergence(reference, reference_margins, slots[0].identities)
     agree = [agreement(ids, slot_ids[0]) for ids in slot_ids]
     runs = [longest_constant_run(ids) for ids in slot_ids]
-    result, reason = _band_result(slot_ids, agree, runs, policy)
+    result, reason = _band_result(slot_ids, agree, runs, policy, [s.ended_early for s in slots])
     return BandJudgement(result, reason, divergence, margin, min(agree), max(runs))
 
 
 def frozen_or_short(
-    slot_ids: Sequence[Sequence[Hashable]], runs: list[int], policy: Policy
+    slot_ids: Sequence[Sequence[Hashable]], runs: list[int], policy: Policy, ended: Sequence[bool] = ()
 ) -> tuple[Result, str] | None:
-    """FAIL for a frozen slot, UNMEASURABLE for one too short to judge, else None."""
+    """FAIL for a frozen slot, UNMEASURABLE for one too short to judge (one that ended at its
+    own end of sequence, where allowed, is judged over its length), else None."""
     frozen = [i for i, run in enumerate(runs) if run >= policy.max_constant_run]
     if frozen:
         i = frozen[0]
@@ -157,7 +178,8 @@ def frozen_or_short(
             f"slot {i} repeated one token {runs[i]} times "
             f"(max_constant_run {policy.max_constant_run}): a frozen slot"
         )
-    short = [i for i, ids in enumerate(slot_ids) if len(ids) < policy.declared_min]
+    short = [i for i, ids in enumerate(slot_ids)
+             if len(ids) < policy.declared_min and not (i < len(ended) and ended[i])]
     if short:
         i = short[0]
         return "UNMEASURABLE", (
@@ -167,13 +189,13 @@ def frozen_or_short(
 
 
 def _band_result(
-    slot_ids: list[list[int]], agree: list[int], runs: list[int], policy: Policy
+    slot_ids: list[list[int]], agree: list[int], runs: list[int], policy: Policy, ended: Sequence[bool]
 ) -> tuple[Result, str | None]:
-    failed = frozen_or_short(slot_ids, runs, policy)
+    failed = frozen_or_short(slot_ids, runs, policy, ended)
     if failed is not None:
         return failed
     worst = min(range(len(agree)), key=agree.__getitem__)
-    if agree[worst] < policy.declared_min:
+    if not agrees_enough(agree[worst], len(slot_ids[worst]), len(slot_ids[0]), policy.declared_min):
         return "FAIL", (
             f"slots of one batch disagree: slot {worst} parts from slot 0 at token "
             f"{agree[worst]} < declared_min {policy.declared_min}"

@@ -60,6 +60,7 @@ def identify(config: ProbeConfig) -> Identity:
 
 
 def sampler(matrix: Matrix) -> dict[str, Any]:
+    # What the matrix asked; `dropped_fields` says what a server refused and was not sent.
     return {
         "temperature": matrix.temperature,
         "seed": matrix.seed,
@@ -89,6 +90,7 @@ def band_record(
     matrix: Matrix,
     divergence_slot: int | None = 0,
     m_formed_by_replica: dict[str, int | None] | None = None,
+    logprobs_attributable: bool | None = None,
 ) -> dict[str, Any]:
     """One band in the witness's key order; the margin key only when the streams part."""
     record: dict[str, Any] = {
@@ -115,6 +117,9 @@ def band_record(
         "divergence_slot": divergence_slot if judgement.divergence_at is not None else None,
         "logprob_max_abs_diff": parity.max_abs_diff,
         "logprobs_bitwise_equal": parity.is_bitwise_equal,
+        # False when the m=1 reference's own runs differ in logprobs: a difference here is then
+        # not batching's (null: the reference's logprobs were not compared).
+        "logprobs_attributable": logprobs_attributable,
         "m_formed_by_replica": m_formed_by_replica or None,
         "slots": [{"i": i, **asdict(s)} for i, s in enumerate(slots)],
     }
@@ -133,6 +138,11 @@ class RunRecord:
     unreachable: str | None = None
     references: list[dict[str, Any]] | None = None  # one per prompt, an addition to v3
     fleet: dict[str, Any] | None = None  # the cross-replica agreement, in fleet mode (an addition)
+    reference_logprobs: dict[str, Any] | None = None  # the m=1 runs' logprob stability
+    cache: dict[str, Any] | None = None  # --cache: cold against warm
+    stream_parity: dict[str, Any] | None = None  # --stream-parity: streamed against whole
+    fail_open: list[dict[str, Any]] | None = None  # 200s without the logprobs asked for
+    dropped_fields: list[str] | None = None  # fields the server refused, left out of every request
 
 
 def prompt_set_sha256(prompts: tuple[str, ...]) -> str:
@@ -172,6 +182,16 @@ def build_witness(
         "prompts": [{"i": i, "sha256": prompt_set_sha256((p,)), "chars": len(p)} for i, p in enumerate(prompts)],
         "references": outcome.references or [],
         "fleet": outcome.fleet,
+        # Additions for any server (issue 27): the m=1 runs compared on logprobs (v3's `reference`
+        # keeps its keys: it judges tokens), the fields the probe had to leave out (and so what
+        # it could not ask), the server-specific fields it added, the 200s that came back without
+        # the logprobs asked for, and the --cache and --stream-parity sections (null when not run).
+        "reference_logprobs": outcome.reference_logprobs,
+        "dropped_fields": outcome.dropped_fields or [],
+        "extra_body": config.extra_body,
+        "fail_open": outcome.fail_open or [],
+        "cache": outcome.cache,
+        "stream_parity": outcome.stream_parity,
     }
 
 

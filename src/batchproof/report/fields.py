@@ -9,7 +9,17 @@ from batchproof.check.witness import BOOLEAN, INTEGER, NUMBER, STRING, WitnessEr
 TOP_KEYS = {"result": STRING, "mode": STRING, "route": STRING, "stagger_ms": NUMBER, "served_model": STRING,
             "declared_min": INTEGER}
 SAMPLER_KEYS = {"max_tokens": INTEGER}
-REFERENCE_KEYS = {"stable": BOOLEAN, "self_divergence_at": INTEGER, "reason": STRING}
+REFERENCE_KEYS = {"stable": BOOLEAN, "self_divergence_at": INTEGER, "reason": STRING, "tokens": INTEGER}
+REFERENCE_LOGPROB_KEYS = {"logprobs_stable": BOOLEAN, "logprob_reason": STRING}
+# Additions of issue 27: each reference per prompt, the pairs the modes compared, what failed open.
+PROMPT_REFERENCE_KEYS = {"stable": BOOLEAN, "self_divergence_at": INTEGER, "logprob_max_abs_diff": NUMBER,
+                         "logprobs_bitwise_equal": BOOLEAN, "logprob_first_diff_at": INTEGER}
+PAIR_KEYS = {"refused": STRING, "tokens_agree_to": INTEGER, "text_equal": BOOLEAN, "logprob_max_abs_diff": NUMBER,
+             "logprobs_bitwise_equal": BOOLEAN, "logprob_first_diff_at": INTEGER, "attributable": BOOLEAN,
+             "not_attributable": STRING}
+CACHE_SLOT_KEYS = PAIR_KEYS | {"c": INTEGER, "i": INTEGER, "cached_tokens": INTEGER}
+RUN_KEYS = {"cached_tokens": INTEGER, "completion_tokens": INTEGER, "refused": STRING}
+SECTION_KEYS = {"result": STRING, "reason": STRING}
 BAND_KEYS = {"m_formed_source": STRING, "reason": STRING}
 SLOT_KEYS = {"refused": STRING, "prompt": INTEGER, "stream_mode": STRING, "stream_mode_conflict": STRING,
              "decode_tok_s": NUMBER}
@@ -21,10 +31,35 @@ def check_shown_keys(witness: dict) -> None:
     typed_keys(witness, TOP_KEYS, "")
     typed_keys(witness.get("sampler"), SAMPLER_KEYS, "sampler")
     typed_keys(witness.get("reference"), REFERENCE_KEYS, "reference")
+    typed_keys(witness.get("reference_logprobs"), REFERENCE_LOGPROB_KEYS, "reference_logprobs")
     prompts = witness.get("prompts")
     if prompts is not None and not isinstance(prompts, list):
         raise WitnessError(f"prompts must be a list or null, got {shown(prompts)}")
+    for i, item in enumerate(_objects(witness.get("references"), "references")):
+        typed_keys(item, PROMPT_REFERENCE_KEYS, f"references[{i}]")
+    for name, kind, what in (("dropped_fields", list, "a list"), ("extra_body", dict, "an object")):
+        if witness.get(name) is not None and not isinstance(witness[name], kind):
+            raise WitnessError(f"{name} must be {what} or null, got {shown(witness[name])}")
+    parity = typed_keys(witness.get("stream_parity"), SECTION_KEYS, "stream_parity")
+    if parity is not None:
+        for i, pair in enumerate(_objects(witness["stream_parity"].get("pairs"), "stream_parity.pairs")):
+            typed_keys(pair, PAIR_KEYS, f"stream_parity.pairs[{i}]")
+    if typed_keys(witness.get("cache"), SECTION_KEYS, "cache") is not None:
+        for c, case in enumerate(_objects(witness["cache"].get("cases"), "cache.cases")):
+            for run in ("cold", "warmer"):
+                typed_keys(case.get(run), RUN_KEYS, f"cache.cases[{c}].{run}")
+            for i, slot in enumerate(_objects(case.get("slots"), f"cache.cases[{c}].slots")):
+                typed_keys(slot, CACHE_SLOT_KEYS, f"cache.cases[{c}].slots[{i}]")
     for b, band in enumerate(witness["bands"]):
         typed_keys(band, BAND_KEYS, f"bands[{b}]")
         for s, slot in enumerate(band.get("slots") or []):
             typed_keys(slot, SLOT_KEYS, f"bands[{b}].slots[{s}]")
+
+
+def _objects(value: object, where: str) -> list[dict]:
+    """A list of objects (absent or null: none), refused by name otherwise."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+        raise WitnessError(f"{where} must be a list of objects or null, got {shown(value)}")
+    return value

@@ -4,6 +4,13 @@ from html import escape
 from typing import Any
 
 from batchproof.report.chart import rate_chart
+from batchproof.report.sections import (
+    any_server_section,
+    cache_section,
+    reference_summary,
+    references_section,
+    stream_parity_section,
+)
 from batchproof.report.strips import legend, strip_row
 
 STYLE = """
@@ -23,6 +30,9 @@ table.meta td:first-child{color:#666}
 margin-right:4px;vertical-align:-1px}
 .chart{width:100%;max-width:640px}.chart .axis{font-size:11px;fill:#555}.chart .value{font-size:11px;fill:#111}
 .unmeasured{color:#b3261e}.caption{font-size:12px;color:#555;margin:2px 0 0}
+table.grid{border-collapse:collapse;margin:8px 0;font-size:13px}table.grid td,table.grid th{border:1px solid #ddd;
+padding:2px 8px;text-align:left}table.grid tr.ok td:nth-child(4){color:#2e7d4f}table.grid tr.bad td{background:#fdecea}
+.findings li.bad{color:#b3261e}.findings li.muted,#server-quirks li{color:#555}#server-quirks li.bad{color:#b3261e}
 """
 
 
@@ -43,9 +53,8 @@ def _meta(witness: dict[str, Any]) -> str:
         ("served as", witness.get("served_model")),
         ("host · commit", f"{witness.get('host') or 'unknown'} · {witness.get('commit') or 'unknown'}"),
         ("n_predict · declared_min", f"{sampler.get('max_tokens')} · {witness.get('declared_min')}"),
-        ("m=1 reference", f"{'stable' if reference.get('stable') else 'NOT STABLE'}, self-agreement "
-                          f"{_fmt(reference.get('self_divergence_at'))}" + (f" ({reference['reason']})"
-                                                                              if reference.get("reason") else "")),
+        ("m=1 reference", reference_summary(reference, sampler.get("max_tokens") or 0,
+                                            witness.get("reference_logprobs"))),
     ]
     cells = "".join(f"<tr><td>{escape(k)}</td><td>{escape('unknown' if v is None else str(v))}</td></tr>"
                     for k, v in rows)
@@ -84,10 +93,14 @@ def render(witness: dict[str, Any], verdict: str, reasons: list[str], s7_ratio: 
 <div id="verdict" class="verdict {"ok" if ok else "no"}">{escape(verdict)}</div>
 <ul id="reasons">{reason_items}</ul>
 {_meta(witness)}
+{any_server_section(witness)}
+{references_section(witness)}
 <h2>Per-request decode rate</h2>
 {rate_chart(bands, s7_ratio)}
 <h2>Bands</h2>
 {legend()}
 {"".join(_band(band, n_predict) for band in bands)}
+{stream_parity_section(witness)}
+{cache_section(witness)}
 </body></html>
 """
