@@ -7,9 +7,6 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-import yaml
-
-from batchproof.check.contract import shipped_contract_text
 from batchproof.cli import main
 
 FIXTURES = Path(__file__).parent.parent / "check" / "fixtures"
@@ -46,22 +43,6 @@ def check_witness(directory: Path, witness: object, *options: str) -> tuple[int,
     """Run `batchproof check --json` on `witness`: (exit code, reasons)."""
     code, out, _ = check_text(directory, json.dumps(witness), "--json", *options)
     return code, json.loads(out)["reasons"]
-
-
-def check_probe_witness(directory: Path, witness: dict, require_bitwise: bool = True) -> tuple[int, list[str]]:
-    """The shape check over a witness of the scripted test server: the shipped contract with the
-    probe tests' small ladder and floor (and the logprob clause as asked), a blessed fake model
-    and the identity filled in, so only what the probe measured is judged."""
-    raw = yaml.safe_load(shipped_contract_text())
-    raw |= {"blessed_models": [{"prefix": "fake"}], "bands": [1, 4], "declared_min_floor": 6,
-            "require_bitwise_logprobs": require_bitwise}
-    judged = directory / "judged"
-    judged.mkdir(exist_ok=True)
-    contract = judged / "contract.yaml"
-    contract.write_text(yaml.safe_dump(raw))
-    witness = {**witness, "model": {"path": "fake.gguf", "sha256": "0" * 64},
-               "host": "h", "commit": "c", "binary_sha256": "b" * 64}
-    return check_witness(judged, witness, "--contract", str(contract))
 
 
 def mutated(*mutations: Mutation) -> dict:
