@@ -146,7 +146,7 @@ def test_wrong_model_is_404_model_not_found(server) -> None:
     assert raised.value.code == "model_not_found" and raised.value.param == "model"
 
 
-@pytest.mark.parametrize("path", ["/v1/embeddings", "/v1/responses", "/v1/moderations", "/v1/audio/speech"])
+@pytest.mark.parametrize("path", ["/v1/embeddings", "/v1/images/generations", "/v1/moderations", "/v1/audio/speech"])
 @pytest.mark.parametrize("method", ["POST", "GET"])
 def test_routes_that_cannot_compute_logprobs_are_501_naming_the_path(server, path, method) -> None:
     response = httpx.request(method, server.url + path, json={"input": "hi", "model": "x"})

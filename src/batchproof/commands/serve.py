@@ -37,8 +37,8 @@ def configs(args: argparse.Namespace, command: str) -> tuple[ServerConfig, Engin
             raise
         print(f"batchproof {command}: {message}", file=sys.stderr)
         return None
-    if not model_path.is_file():
-        print(f"batchproof {command}: {model_path}: no such file", file=sys.stderr)
+    if not model_path.is_file() and not model_path.is_dir():  # a directory: a Hugging Face checkpoint
+        print(f"batchproof {command}: {model_path}: no such file or directory", file=sys.stderr)
         return None
     return server_config, engine_config
 

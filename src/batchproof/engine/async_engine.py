@@ -9,9 +9,10 @@ import threading
 import time
 import traceback
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
-from batchproof.engine.engine import BatchSummary, Engine
+from batchproof.engine.engine import BatchSummary, Engine, PreparedWeights
 from batchproof.engine.sampling_params import SamplingParams
 from batchproof.engine.sequence import RequestOutput
 
@@ -42,6 +43,25 @@ class _Add:
 @dataclass
 class _Abort:
     request_id: str
+
+
+@dataclass
+class _Swap:
+    """Install new weights once the requests admitted before this command have finished."""
+
+    prepared: PreparedWeights
+    done: asyncio.Future
+    queued_at: float = field(default_factory=time.perf_counter)
+
+
+@dataclass(frozen=True)
+class WeightSwap:
+    """What a load_weights took: reading and building the new weights (requests kept running),
+    then the wait for the requests admitted before it to finish, then the swap itself."""
+
+    load_s: float
+    drain_s: float
+    swap_s: float
 
 
 class _Deltas:
@@ -97,6 +117,11 @@ class AsyncEngine:
         # loop, the engine thread), so their difference needs no lock; aborts are not counted.
         self._num_put = 0
         self._num_taken = 0
+        # A weight swap waiting for the engine to drain, and the requests that arrived after it
+        # (engine thread only); the lock lets one load_weights read a checkpoint at a time.
+        self._swap: _Swap | None = None
+        self._held: list[_Add] = []
+        self._swap_lock: asyncio.Lock | None = None
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -133,11 +158,27 @@ class AsyncEngine:
         self._inbox.put(_Add(request_id, prompt_ids, params, sink))
         return _Deltas(sink, lambda: self._inbox.put(_Abort(request_id)))
 
+    async def load_weights(self, path: Path) -> WeightSwap:
+        """Replace the weights in place: read and build `path` on a worker thread while requests
+        keep running, then swap as soon as every request admitted before the swap has finished
+        (on the old weights); requests arriving meanwhile wait and run on the new ones. A
+        checkpoint that cannot replace these weights raises ModelLoadError and nothing changes."""
+        if self._swap_lock is None:
+            self._swap_lock = asyncio.Lock()
+        async with self._swap_lock:
+            prepared = await asyncio.to_thread(self.engine.prepare_weights, path)
+            done = asyncio.get_running_loop().create_future()
+            self._inbox.put(_Swap(prepared, done))
+            drain_s, swap_s = await done
+        return WeightSwap(prepared.load_s, drain_s, swap_s)
+
     # --- the engine thread ---------------------------------------------------------------
 
     def _run(self) -> None:
         try:
             while not self._stopping.is_set():
+                if self._swap is not None and not self.engine.has_work():
+                    self._install_swap()
                 if not self.engine.has_work():
                     if not self._take(block=True):
                         continue
@@ -180,19 +221,44 @@ class AsyncEngine:
             block = False
             if command is None:
                 return arrived
-            if isinstance(command, _Add):
-                self._num_taken += 1
-                try:
-                    self.engine.add_request(command.request_id, command.prompt_ids, command.params)
-                except ValueError as e:  # refused alone; the engine and the others go on
-                    failed = RequestOutput(command.request_id, "", [], len(command.prompt_ids), 0,
-                                           finish_reason="error", error=f"the request was refused: {e}")
-                    self._loop.call_soon_threadsafe(_put_all, [(command.sink, failed)])
-                    continue
-                self._sinks[command.request_id] = command.sink
-                arrived = True
+            if isinstance(command, _Swap):
+                self._swap = command
+            elif isinstance(command, _Add) and self._swap is not None:
+                self._held.append(command)  # runs on the new weights
+            elif isinstance(command, _Add):
+                arrived = self._admit(command) or arrived
             elif command.request_id in self._sinks:
                 self.engine.abort(command.request_id)
+            else:  # its reader left while it was held for a swap
+                self._held = [held for held in self._held if held.request_id != command.request_id]
+
+    def _admit(self, command: _Add) -> bool:
+        """Hand a request to the engine (False: refused, its error delivered)."""
+        self._num_taken += 1
+        try:
+            self.engine.add_request(command.request_id, command.prompt_ids, command.params)
+        except ValueError as e:  # refused alone; the engine and the others go on
+            failed = RequestOutput(command.request_id, "", [], len(command.prompt_ids), 0,
+                                   finish_reason="error", error=f"the request was refused: {e}")
+            self._loop.call_soon_threadsafe(_put_all, [(command.sink, failed)])
+            return False
+        self._sinks[command.request_id] = command.sink
+        return True
+
+    def _install_swap(self) -> None:
+        """The engine is idle: swap, answer load_weights, then admit the requests held meanwhile."""
+        swap, self._swap = self._swap, None
+        started = time.perf_counter()
+        try:
+            self.engine.install_weights(swap.prepared)
+        except Exception as e:  # a bug: load_weights fails, the old weights keep serving
+            self._loop.call_soon_threadsafe(_settle, swap.done, e)
+        else:
+            result = (started - swap.queued_at, time.perf_counter() - started)
+            self._loop.call_soon_threadsafe(_settle, swap.done, result)
+        held, self._held = self._held, []
+        for command in held:
+            self._admit(command)
 
     def _gather(self) -> None:
         """An idle engine waits for the rest of a burst: until batch_window passes with no arrival."""
@@ -213,9 +279,13 @@ class AsyncEngine:
             self._loop.call_soon_threadsafe(_put_all, ready)
 
     def _fail_all(self, message: str) -> None:
+        waiting = {**self._sinks, **{held.request_id: held.sink for held in self._held}}
         ready = [(sink, RequestOutput(rid, "", [], 0, 0, finish_reason="error", error=message))
-                 for rid, sink in self._sinks.items()]
+                 for rid, sink in waiting.items()]
         self._sinks.clear()
+        self._held.clear()
+        if self._swap is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(_settle, self._swap.done, RuntimeError(message))
         if ready and self._loop is not None:
             self._loop.call_soon_threadsafe(_put_all, ready)
 
@@ -223,3 +293,13 @@ class AsyncEngine:
 def _put_all(ready: list[tuple[asyncio.Queue, RequestOutput]]) -> None:
     for sink, out in ready:
         sink.put_nowait(out)
+
+
+def _settle(future: asyncio.Future, result: object) -> None:
+    """A load_weights' answer (an exception is raised to it), unless its caller has gone."""
+    if future.done():
+        return
+    if isinstance(result, BaseException):
+        future.set_exception(result)
+    else:
+        future.set_result(result)

@@ -53,7 +53,8 @@ BUILTIN_FORMATS = (
 
 
 def choose_chat_template(file_source: str | None, special_tokens: set[str], bos_token: str, eos_token: str,
-                         override: Path | None = None) -> tuple[ChatTemplate | None, str]:
+                         override: Path | None = None,
+                         file_origin: str = "the model file") -> tuple[ChatTemplate | None, str]:
     """(template, where it came from): `override` (--chat-template) first, then the file's own,
     then the first built-in format whose special tokens the vocabulary has; else (None, why)."""
     if override is not None:
@@ -64,7 +65,7 @@ def choose_chat_template(file_source: str | None, special_tokens: set[str], bos_
             raise ModelLoadError(f"{override}: cannot read the chat template ({reason})") from None
         return ChatTemplate(source, bos_token, eos_token), f"--chat-template {override}"
     if file_source:
-        return ChatTemplate(file_source, bos_token, eos_token), "the model file"
+        return ChatTemplate(file_source, bos_token, eos_token), file_origin
     for chat_format in BUILTIN_FORMATS:
         if all(token in special_tokens for token in chat_format.needs):
             return (ChatTemplate(chat_format.source, bos_token, eos_token),

@@ -12,7 +12,8 @@ class EngineConfig:
     """What shapes the numbers: the model, the device, the batch and its invariance."""
 
     model_path: Path | None = field(
-        default=None, metadata={"help": "GGUF file, or the name of a packaged model (`batchproof models`; "
+        default=None, metadata={"help": "GGUF file, Hugging Face checkpoint directory (config.json, safetensors, "
+                                        "tokenizer.json), or the name of a packaged model (`batchproof models`; "
                                         "default: smollm2-135m)"}
     )
     chat_template: Path | None = field(

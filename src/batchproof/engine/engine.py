@@ -1,18 +1,20 @@
 """The engine: owns the model and the KV cache, and advances every live request one token per step."""
 
+import dataclasses
 import os
 import secrets
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-from batchproof.common.hashing import file_sha256
 from batchproof.engine.config import EngineConfig
 from batchproof.engine.grammar.state import GrammarState
 from batchproof.engine.kv_cache import KVCache
-from batchproof.engine.model.gguf_file import ModelSpec, read_model_file
+from batchproof.engine.model.gguf_file import ModelLoadError, ModelSpec
 from batchproof.engine.model.known_models import resolve_model
+from batchproof.engine.model.model_source import model_sha256, read_model
 from batchproof.engine.model.ops import KernelOps, choose_ops, kernels
 from batchproof.engine.model.transformer import Transformer
 from batchproof.engine.model_front import ModelFront
@@ -38,6 +40,24 @@ class BatchSummary:
     num_tokens: int
 
 
+@dataclass(frozen=True)
+class PreparedWeights:
+    """A model read and built off the engine thread, waiting to be installed."""
+
+    path: Path
+    sha256: str
+    model: Transformer
+    load_s: float  # reading the files and building the weights
+
+
+def _check_same_spec(served: ModelSpec, new: ModelSpec, path: Path) -> None:
+    """Every hyperparameter equal: the KV cache, the tokenizer and the kernels' shapes stay."""
+    for f in dataclasses.fields(ModelSpec):
+        if getattr(served, f.name) != getattr(new, f.name):
+            raise ModelLoadError(f"{path}: its {f.name} is {getattr(new, f.name)!r}, the served model's is "
+                                 f"{getattr(served, f.name)!r} (load_weights takes the same architecture and shapes)")
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -60,9 +80,9 @@ class Engine:
         # Native weights need our kernels; the torch backend (a GPU, no compiler, or
         # invariance off) multiplies float tensors, so it always gets them dequantized.
         self.weights = config.weights if isinstance(ops, KernelOps) else "float32"
-        model_file = read_model_file(self.model_path, kernels.runs_natively if self.weights == "native" else None)
+        model_file = read_model(self.model_path, self._runs_natively)
         self.spec: ModelSpec = model_file.spec
-        self.front = ModelFront.from_metadata(self.model_path, model_file.metadata, self.spec.context_len, config)
+        self.front = ModelFront.for_model_file(model_file, config)
         self.tokenizer = self.front.tokenizer
         self.chat_template, self.chat_template_origin = self.front.chat_template, self.front.chat_template_origin
         self.max_model_len = self.front.max_model_len
@@ -72,7 +92,7 @@ class Engine:
         s = self.spec
         self.cache = KVCache(s.num_layers, config.max_batch, s.num_kv_heads, self.max_model_len, s.head_dim,
                              self.device, self.dtype)
-        self.model_sha256 = file_sha256(self.model_path)
+        self.model_sha256 = model_sha256(self.model_path)
         self.prefix_cache = self._prefix_cache()
         self.runner = ModelRunner(self.model, self.cache, config.max_batch, config.max_prefill_tokens,
                                   self.prefix_cache)
@@ -86,6 +106,38 @@ class Engine:
         self._stepping: list[Sequence] = []  # whom the current step runs (fail_step ends them)
         self.outputs = OutputProcessor(self._sequences, self.end_ids, self.max_model_len,
                                        self.model.ops.normalizer_and_top_k, self.model.ops.first_max)
+
+    @property
+    def _runs_natively(self):
+        return kernels.runs_natively if self.weights == "native" else None
+
+    # --- weights replaced in place (POST /v1/load_weights) -----------------------------
+
+    def prepare_weights(self, path: Path) -> "PreparedWeights":
+        """The model at `path` (a checkpoint directory or GGUF of exactly this model's spec) read
+        and built beside the one serving, on any thread: nothing the engine runs is touched.
+        ModelLoadError (one line naming the path) if it cannot replace the served weights."""
+        started = time.perf_counter()
+        path = Path(path)
+        sha256 = model_sha256(path) if path.exists() else ""
+        model_file = read_model(path, self._runs_natively)
+        _check_same_spec(self.spec, model_file.spec, path)
+        with torch.inference_mode():
+            model = Transformer.from_model_file(model_file, self.device, self.dtype, self.max_model_len,
+                                                self.model.ops)
+        return PreparedWeights(path, sha256, model, time.perf_counter() - started)
+
+    def install_weights(self, prepared: "PreparedWeights") -> None:
+        """Serve `prepared` from the next step on. Only between requests (the async engine
+        drains first): a sequence's keys would otherwise mix two models. The prefix cache is
+        emptied with it (a new cache: its identity names the new weights)."""
+        if self.has_work():
+            raise RuntimeError("weights are replaced only while no sequence runs or waits")
+        # The old model lives until this returns, so the fused kernel's description, keyed by
+        # the model's id, cannot be mistaken for the new one's.
+        self.model = self.runner.model = prepared.model
+        self.model_path, self.model_sha256 = prepared.path, prepared.sha256
+        self.prefix_cache = self.runner.prefix_cache = self._prefix_cache()
 
     def _prefix_cache(self) -> PrefixCache | None:
         """Only where a position's bits cannot depend on who computed it (our kernels)."""

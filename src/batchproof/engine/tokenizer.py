@@ -139,6 +139,17 @@ class Tokenizer:
             else int(metadata["tokenizer.ggml.padding_token_id"]),
         )
 
+    @classmethod
+    def from_parts(cls, hf: HFTokenizer, tokens: list[str], token_bytes: list[bytes], special_ids: frozenset[int],
+                   ids: SpecialIds) -> "Tokenizer":
+        """A tokenizer built elsewhere (a Hugging Face checkpoint's tokenizer.json: hf_tokenizer.py):
+        one spelling and one byte string per id, the ids that are special."""
+        tokenizer = cls.__new__(cls)
+        tokenizer.vocab_size, tokenizer.tokens, tokenizer._hf, tokenizer._bytes = len(tokens), tokens, hf, token_bytes
+        tokenizer.special_ids, tokenizer.ids = special_ids, ids
+        tokenizer.max_token_text_bytes = max(1, *map(len, token_bytes), *(len(tokens[i].encode()) for i in special_ids))
+        return tokenizer
+
     def encode(self, text: str, add_bos: bool = False) -> list[int]:
         """Special-token spellings in `text` become their ids, as in a chat template's output."""
         # encode_batch, not encode: it releases the GIL while it works (encode holds it: 1.6 s

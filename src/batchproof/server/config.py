@@ -48,6 +48,11 @@ class ServerConfig:
     max_logit_bias: int = field(
         default=1024, metadata={"help": "most entries one request's logit_bias may hold (each is one token id)"}
     )
+    allow_weight_updates: bool = field(
+        default=False,
+        metadata={"help": "serve POST /v1/load_weights: a checkpoint directory on this machine, of the served "
+                          "model's architecture and shapes, replaces the weights in place (docs/hf-checkpoints.md)"},
+    )
     logprobs_mode: Literal["raw", "processed"] = field(
         default="raw",
         metadata={"help": "default logprobs: raw (after penalties, before temperature and truncation) or "

@@ -31,6 +31,8 @@ class Metadata:
     """Typed reads of metadata values: a missing key, a wrong type or a value out of range is
     a ModelLoadError naming the key (a string where a count belongs must not reach int())."""
 
+    kind = "metadata key"  # how a message names a key (a Hugging Face config.json says "key")
+
     def __init__(self, meta: dict[str, Any], path: Path) -> None:
         self.meta, self.path = meta, path
 
@@ -41,24 +43,24 @@ class Metadata:
         if key in self.meta:
             return self.meta[key]
         if default is None:
-            raise self.fail(f"metadata key {key!r} is missing")
+            raise self.fail(f"{self.kind} {key!r} is missing")
         return default
 
     def int(self, key: str, default: int | None = None, minimum: int = 1) -> int:
         value = self._get(key, default)
         if not isinstance(value, int) or isinstance(value, bool):
-            raise self.fail(f"metadata key {key!r} is {shown(value)}, not an integer")
+            raise self.fail(f"{self.kind} {key!r} is {shown(value)}, not an integer")
         # The kernels take sizes as int64: a crafted 2**64 - 1 must not wrap around to -1 there.
         if not minimum <= value <= MAX_SIZE:
-            raise self.fail(f"metadata key {key!r} is {value}; it must be {minimum} to {MAX_SIZE}")
+            raise self.fail(f"{self.kind} {key!r} is {value}; it must be {minimum} to {MAX_SIZE}")
         return value
 
     def float(self, key: str, default: float | None = None, is_positive: bool = True) -> float:
         value = self._get(key, default)
         if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
-            raise self.fail(f"metadata key {key!r} is {shown(value)}, not a finite number")
+            raise self.fail(f"{self.kind} {key!r} is {shown(value)}, not a finite number")
         if value < 0 or (is_positive and value == 0):
-            raise self.fail(f"metadata key {key!r} is {value}; it must be {'above' if is_positive else 'at least'} 0")
+            raise self.fail(f"{self.kind} {key!r} is {value}; it must be {'above' if is_positive else 'at least'} 0")
         return float(value)
 
 

@@ -1,13 +1,17 @@
-"""The small routes: models, health, metrics, tokenize, detokenize, server_info, and 501s."""
+"""The small routes: models, health, metrics, tokenize, detokenize, server_info, load_weights, and 501s."""
 
 import time
+from pathlib import Path
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, StrictStr
 from starlette.concurrency import run_in_threadpool
 
+from batchproof.engine.async_engine import AsyncEngine
+from batchproof.engine.load_errors import load_error_message
 from batchproof.server.errors import APIError
-from batchproof.server.info import server_info, tokenizer_facts
+from batchproof.server.info import numerics_id, server_info, tokenizer_facts
 from batchproof.server.messages import render_chat
 from batchproof.server.plan import check_model
 from batchproof.server.protocol import DetokenizeRequest, TokenizeRequest
@@ -22,7 +26,7 @@ router = APIRouter()
 # contexts' worth of ids: bounded work on a worker thread.
 MAX_TOKENIZE_BYTES = 2**20
 TOKENIZE_CONTEXTS = 16
-NOT_IMPLEMENTED = ["/v1/embeddings", "/v1/responses", "/v1/moderations", "/v1/images/generations",
+NOT_IMPLEMENTED = ["/v1/embeddings", "/v1/moderations", "/v1/images/generations",
                    "/v1/audio/speech", "/v1/audio/transcriptions", "/v1/edits"]
 
 
@@ -127,6 +131,41 @@ async def info(request: Request) -> dict:
                 "max_logit_bias": config.max_logit_bias, "max_request_mb": config.max_request_mb,
                 "prefix_cache_scope": state.prefix_cache_scope}
     return server_info(state.engine.info(), state.served_model_name, settings)
+
+
+class LoadWeightsRequest(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    path: StrictStr  # a checkpoint directory (or GGUF) on the server's machine
+
+
+@router.post("/v1/load_weights")
+async def load_weights(request: Request) -> dict:
+    """Replace the weights in place (docs/hf-checkpoints.md): off unless --allow-weight-updates;
+    behind the API key like every route. Requests admitted before the swap finish on the old
+    weights; a checkpoint that cannot replace them is a 400 and the old weights keep serving."""
+    state = _state(request)
+    if not state.config.allow_weight_updates:
+        raise APIError(403, "weight updates are off: start the server with --allow-weight-updates",
+                       type_="permission_error")
+    backend = state.async_engine
+    _ = state.engine  # a 503 while the model loads or after it failed
+    if not isinstance(backend, AsyncEngine):
+        raise APIError(501, "load_weights runs on a single engine, not through a fleet's router",
+                       type_="not_implemented_error")
+    req = parse_body(LoadWeightsRequest, await request.body())
+    if not req.path.strip():
+        raise APIError(400, "'path' is empty", param="path")
+    try:
+        swap = await backend.load_weights(Path(req.path))
+    except Exception as e:
+        message = load_error_message(e)
+        if message is None:
+            raise
+        raise APIError(400, f"'path' cannot replace the served weights: {message}", param="path") from None
+    info = backend.engine.info()
+    return {"object": "load_weights", "path": info["model_path"], "model_sha256": info["model_sha256"],
+            "numerics_id": numerics_id(info), "load_s": round(swap.load_s, 4), "drain_s": round(swap.drain_s, 4),
+            "swap_s": round(swap.swap_s, 4)}
 
 
 async def not_implemented(request: Request) -> Response:
