@@ -109,7 +109,7 @@ def test_batch_variant_logprobs_are_measured_and_named_by_the_check(tmp_path: Pa
 @pytest.mark.parametrize(
     ("extra", "code", "says"),
     [
-        (["--route", "embeddings"], 2, "--route 'embeddings' must be one of: chat, completions"),
+        (["--route", "embeddings"], 2, "--route 'embeddings' must be one of: chat, completions, responses"),
         (["--stagger-ms", "-5"], 2, "--stagger-ms must be a finite number >= 0, got -5.0"),
         (["--prompts", "PROMPTS"], 2, "--prompts is for --mixed"),
         (["--mixed", "--prompt", "Hi"], 2, "--prompt is for identical requests"),

@@ -1,7 +1,10 @@
-"""--cache and --stream-parity against our own server on loopback (the real default model): every
-mode PASS, logprobs bitwise, cached_tokens recorded on warm slots, and the check ADMISSIBLE."""
+"""--cache and --stream-parity against our own server on loopback (the real default model), over
+the chat route and the Responses API: every mode PASS, logprobs bitwise, cached_tokens recorded on
+warm slots, and the check ADMISSIBLE."""
 
 import json
+
+import pytest
 
 from batchproof.cli import main
 from tests.helpers.probe_check import judge_probe_witness
@@ -19,14 +22,16 @@ witness:
 """
 
 
-def test_every_mode_passes_bitwise_against_batchproof_serve(server, tmp_path, capsys):
+@pytest.mark.parametrize("route", ["chat", "responses"])
+def test_every_mode_passes_bitwise_against_batchproof_serve(server, tmp_path, capsys, route):
     matrix = tmp_path / "matrix.yaml"
     matrix.write_text(MATRIX)
     path = tmp_path / "witness.json"
     code = main(["probe", "--url", server.url, "--server-log", str(server.log_file), "--matrix", str(matrix),
-                 "--witness", str(path), "--cache", "--stream-parity"])
+                 "--witness", str(path), "--cache", "--stream-parity", "--route", route])
     witness = json.loads(path.read_text())
     assert code == 0, capsys.readouterr()
+    assert witness["route"] == route
     assert witness["result"] == "PASS" and witness["dropped_fields"] == [] and witness["fail_open"] == []
     assert witness["reference_logprobs"]["logprobs_stable"] is True
     parity = witness["stream_parity"]

@@ -176,3 +176,32 @@ def test_a_whole_reply_is_read_like_a_stream() -> None:
     result.finish()
     assert (result.error, result.text, result.finish_reason, result.cached_tokens) == (None, " hi", "length", 3)
     assert [e.identity for e in result.entries] == [(" hi", (32, 104, 105))]
+
+
+def test_responses_events_and_a_whole_response_read_alike() -> None:
+    """The Responses API: text and entries from output_text.delta, the end and usage (cached tokens
+    included) from response.incomplete; the whole `response` object reads the same."""
+    from batchproof.probe.stream import read_whole
+
+    usage = {"input_tokens": 9, "output_tokens": 2, "input_tokens_details": {"cached_tokens": 8}}
+    part = {"type": "output_text", "text": " hi hi", "logprobs": [OURS, OURS]}
+    response = {"object": "response", "status": "incomplete", "usage": usage,
+                "output": [{"type": "message", "content": [part]}]}
+    streamed = StreamResult()
+    for event in ({"type": "response.created", "response": {}, "stream_mode": "live"},
+                  {"type": "response.output_text.delta", "delta": " hi", "logprobs": [OURS]},
+                  {"type": "response.output_text.delta", "delta": " hi", "logprobs": [OURS]},
+                  {"type": "response.output_text.done", "text": " hi hi"},
+                  {"type": "response.incomplete", "response": response}):
+        streamed.feed(event, 0.1)
+    whole = StreamResult(is_streamed=False)
+    read_whole(response, whole)
+    for result in (streamed, whole):
+        result.finish()
+        assert (result.text, result.finish_reason, result.completion_tokens, result.cached_tokens) == (
+            " hi hi", "length", 2, 8)
+        assert result.error is None and result.logprob_vectors() == [(-0.25, -0.25, -1.9)] * 2
+    assert streamed.stream_mode == "live"
+    failed = StreamResult()
+    with pytest.raises(StreamError, match="response.failed"):
+        failed.feed({"type": "response.failed", "response": {"error": {"message": "boom"}}}, 0.1)

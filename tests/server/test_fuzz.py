@@ -26,7 +26,7 @@ MAX_EXAMPLES = 500
 ARBITRARY_EXAMPLES = 250
 REQUEST_TIMEOUT_S = 30
 GENERATING_BODIES = {"ChatCompletionRequest": ("max_tokens", "max_completion_tokens"),
-                     "CompletionRequest": ("max_tokens",)}
+                     "CompletionRequest": ("max_tokens",), "ResponsesRequest": ("max_output_tokens",)}
 
 
 def capped(schema: dict, served_model: str, vocab_size: int) -> dict:
@@ -45,12 +45,14 @@ def capped(schema: dict, served_model: str, vocab_size: int) -> dict:
             props[field] = {"type": "integer", "minimum": 1, "maximum": 2}
         body["required"] = sorted({*body.get("required", []), *budgets})
         props["model"] = {"enum": [served_model, None]}
-        props["n"] = {"enum": [1]}
         props["min_tokens"] = {"type": "integer", "minimum": 0, "maximum": 1}
         props["stop"] = {"anyOf": [{"type": "string", "minLength": 1},
                                    {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 4},
                                    {"type": "null"}]}
-        props["logit_bias"]["anyOf"][0]["propertyNames"] = {"pattern": "^[0-9]{1,4}$"}
+        if "n" in props:  # the chat and completions bodies
+            props["n"] = {"enum": [1]}
+            props["logit_bias"]["anyOf"][0]["propertyNames"] = {"pattern": "^[0-9]{1,4}$"}
+    components["ResponsesRequest"]["properties"]["input"]["anyOf"][0] = short_text
     components["ChatCompletionRequest"]["properties"]["messages"]["minItems"] = 1
     components["CompletionRequest"]["properties"]["prompt"] = {"anyOf": [
         {"type": "string", "minLength": 1, "maxLength": 30},
@@ -72,7 +74,14 @@ def _check_body(response, case) -> None:
         error = response.json()["error"]
         assert set(error) == {"message", "type", "param", "code"} and error["message"], response.text
     elif _content_type(response).startswith("text/event-stream"):
-        assert response.text.endswith("data: [DONE]\n\n"), f"a stream that failed: {response.text[-500:]}"
+        assert _stream_completed(response.text), f"a stream that failed: {response.text[-500:]}"
+
+
+def _stream_completed(text: str) -> bool:
+    """Chat and completions end with [DONE]; the Responses API with its completed (or incomplete) response."""
+    last = text.rstrip("\n").rsplit("\n\n", 1)[-1]
+    return text.endswith("data: [DONE]\n\n") or last.startswith(("event: response.completed\n",
+                                                                   "event: response.incomplete\n"))
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +122,8 @@ def test_fuzz_the_openapi_schema_finds_no_server_error_and_no_hang(fuzz_server) 
     for (label, status), count in sorted(statuses.items(), key=str):
         print(f"  {label}: {status} x{count}")
     assert total >= MAX_EXAMPLES // 2
-    generated = sum(c for (label, s), c in statuses.items() if s == 200 and "completions" in label)
+    generated = sum(c for (label, s), c in statuses.items() if s == 200 and ("completions" in label
+                                                                             or "responses" in label))
     assert generated >= 10, "the fuzz hardly ever reached the engine"
     assert any(s == 400 for _, s in statuses) and any(s == 422 for _, s in statuses)
     # The server is still whole: idle, healthy, and answering.
@@ -139,8 +149,12 @@ FIELDS = {
                              "top_logprobs", "unknown"],
     "/v1/completions": ["prompt", "model", "temperature", "top_p", "n", "stop", "seed", "stream", "stream_options",
                         "logit_bias", "top_k", "min_p", "ignore_eos", "min_tokens", "logprobs", "echo", "unknown"],
+    "/v1/responses": ["input", "model", "instructions", "temperature", "top_p", "include", "top_logprobs", "text",
+                      "tools", "tool_choice", "stream", "store", "previous_response_id", "metadata", "unknown"],
 }
-BASE = {"/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}]}, "/v1/completions": {"prompt": "hi"}}
+BASE = {"/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}]}, "/v1/completions": {"prompt": "hi"},
+        "/v1/responses": {"input": "hi"}}
+BUDGET = {"/v1/responses": "max_output_tokens"}
 
 
 @st.composite
@@ -149,7 +163,7 @@ def arbitrary_bodies(draw) -> tuple[str, bytes]:
     if draw(st.integers(0, 9)) == 0:  # now and then, a body that is not a request at all
         return path, draw(st.binary(max_size=40) | JSON_VALUES.map(lambda v: json.dumps(v).encode()))
     fields = draw(st.dictionaries(st.sampled_from(FIELDS[path]), JSON_VALUES, max_size=3))
-    budget = {"max_tokens": draw(st.integers(-1, 2))}
+    budget = {BUDGET.get(path, "max_tokens"): draw(st.integers(-1, 2))}
     return path, json.dumps({**BASE[path], **fields, **budget}).encode()
 
 
@@ -168,7 +182,7 @@ def test_arbitrary_json_in_every_field_finds_no_server_error(fuzz_server) -> Non
             error = response.json()["error"]
             assert set(error) == {"message", "type", "param", "code"} and error["message"]
         elif response.headers["content-type"].startswith("text/event-stream"):
-            assert response.text.endswith("data: [DONE]\n\n"), response.text[-300:]
+            assert _stream_completed(response.text), response.text[-300:]
 
     run()
     print(f"\narbitrary JSON: {sum(statuses.values())} requests; statuses {dict(statuses)}")

@@ -68,3 +68,33 @@ def test_required_tool_calls_validate(gemma_server) -> None:
     # Gemma's template teaches no call format: auto says what to use instead.
     auto = post(gemma_server.url, "/v1/chat/completions", {**body, "tool_choice": "auto"})
     assert auto.status_code == 400 and "'required'" in auto.json()["error"]["message"]
+
+
+def test_the_responses_api_on_gemma(gemma_server) -> None:
+    """The openai client's Responses calls on the second model: string input bitwise the chat
+    route's, a json_schema reply that validates, and a required call's tool loop."""
+    import openai
+
+    from tests.server.test_responses import LOGPROBS, _bits, _chat_signature, _response_signature
+
+    client = openai.OpenAI(base_url=f"{gemma_server.url}/v1", api_key="none", max_retries=0, timeout=300)
+    model = gemma_server.state.served_model_name
+    response = client.responses.create(model=model, input=PROMPT, max_output_tokens=10, temperature=0,
+                                       include=LOGPROBS, top_logprobs=2)
+    chat = client.chat.completions.create(model=model, messages=[{"role": "user", "content": PROMPT}], max_tokens=10,
+                                          temperature=0, logprobs=True, top_logprobs=2)
+    assert _bits(_response_signature(response)) == _bits(_chat_signature(chat))
+    pet = client.responses.create(model=model, input=PROMPT, max_output_tokens=120, temperature=0,
+                                  text={"format": {"type": "json_schema", "name": "pet", "schema": PET_SCHEMA}})
+    jsonschema.validate(json.loads(pet.output_text), PET_SCHEMA)
+    weather = {"type": "function", **WEATHER["function"]}
+    first = client.responses.create(model=model, input="What is the weather in Paris?", tools=[weather],
+                                    tool_choice="required", parallel_tool_calls=False, max_output_tokens=80,
+                                    temperature=0)
+    call = first.output[0]
+    assert call.type == "function_call" and call.name == "get_weather"
+    jsonschema.validate(json.loads(call.arguments), SCHEMAS["get_weather"])
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 21 C."}
+    answer = client.responses.create(model=model, previous_response_id=first.id, input=[result], tools=[weather],
+                                     tool_choice="none", max_output_tokens=16, temperature=0)
+    assert answer.output[0].type == "message" and answer.output_text

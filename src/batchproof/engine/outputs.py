@@ -189,11 +189,12 @@ class OutputProcessor:
         tail = seq.text.finish() if seq.error is None else TextDelta()
         seq.status = Status.FINISHED
         del self.sequences[seq.request_id]
-        return self._output(seq, TextDelta(delta.text + tail.text, delta.records + tail.records))
+        return self._output(seq, TextDelta(delta.text + tail.text, delta.records + tail.records,
+                                           delta.token_ids + tail.token_ids))
 
     def _output(self, seq: Sequence, delta: TextDelta) -> RequestOutput:
         return RequestOutput(
-            request_id=seq.request_id, text=delta.text, records=delta.records,
+            request_id=seq.request_id, text=delta.text, records=delta.records, token_ids=delta.token_ids,
             num_prompt_tokens=len(seq.prompt_ids), num_output_tokens=len(seq.output_ids),
             finish_reason=seq.finish_reason, error=seq.error, error_code=seq.error_code,
             num_kept_tokens=seq.text.num_kept_tokens, num_cached_tokens=seq.num_cached_tokens,

@@ -22,7 +22,7 @@ class Status(enum.Enum):
 
 @dataclass
 class RequestOutput:
-    """A delta: the text and records released by one step, and how the request ended."""
+    """A delta: the text, token ids and records released by one step, and how the request ended."""
 
     request_id: str
     text: str
@@ -37,6 +37,9 @@ class RequestOutput:
     prompt_records: list[TokenRecord | None] | None = None  # echo scoring, on the first delta
     num_kept_tokens: int = 0  # output tokens whose bytes reach the reply (all, unless a stop string cut)
     num_cached_tokens: int = 0  # prompt tokens whose keys and values came from the prefix cache
+    # The ids of the tokens whose text this delta releases, always (records only with logprobs):
+    # over a request's deltas they number num_kept_tokens, in the places the records take.
+    token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass

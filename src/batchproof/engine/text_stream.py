@@ -1,5 +1,5 @@
 """Turning generated tokens into released text, cutting at stop strings, and releasing
-each token's record with the text that carries it."""
+each token's id and record with the text that carries it."""
 
 from dataclasses import dataclass, field
 
@@ -11,10 +11,14 @@ from batchproof.engine.tokenizer import Tokenizer, incremental_utf8_decoder
 class TextDelta:
     text: str = ""
     records: list[TokenRecord] = field(default_factory=list)
+    # Every released token's id (records exist only when logprobs were asked for): a rollout's
+    # tokens as generated, so a trainer never re-tokenizes the text.
+    token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass
 class _Token:
+    token_id: int
     char_start: int  # characters of text before this token's first byte
     release_at: int  # released once this many characters are out
     record: TokenRecord | None
@@ -24,8 +28,8 @@ class TextStream:
     """One request's reply text, released as it becomes final.
 
     Text is held while it ends in an incomplete UTF-8 character or could be the start
-    of a stop string; a token's record goes out with the chunk that carries the end of
-    its text, never before, and never after a later token's record.
+    of a stop string; a token's id and record go out with the chunk that carries the end
+    of its text, never before, and never after a later token's.
     """
 
     def __init__(self, tokenizer: Tokenizer, stop: tuple[str, ...]) -> None:
@@ -44,14 +48,14 @@ class TextStream:
         start = len(self.text)
         self.text += self._decoder.decode(self._tokenizer.decode_bytes(token_id))
         # A token that completed no character contributes to the one being built at `start`.
-        self._tokens.append(_Token(start, max(len(self.text), start + 1), record))
+        self._tokens.append(_Token(token_id, start, max(len(self.text), start + 1), record))
         cut = self._find_stop()
         if cut is not None:
             return self._stop_at(cut)
         return self._release(len(self.text) - self._held_suffix())
 
     def finish(self) -> TextDelta:
-        """Everything still held: the flushed decoder tail and every remaining record."""
+        """Everything still held: the flushed decoder tail and every remaining id and record."""
         if not self.is_stopped:
             self.text += self._decoder.decode(b"", final=True)
         return self._release(len(self.text), every_token=True)
@@ -84,7 +88,8 @@ class TextStream:
         while self._released_tokens < len(self._tokens):
             token = self._tokens[self._released_tokens]
             if not every_token and (token.release_at > upto or not delta.text):
-                break  # records ride only on chunks that carry text, in token order
+                break  # ids and records ride only on chunks that carry text, in token order
+            delta.token_ids.append(token.token_id)
             if token.record is not None:
                 delta.records.append(token.record)
             self._released_tokens += 1

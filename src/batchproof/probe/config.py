@@ -15,7 +15,8 @@ from batchproof.probe.request import ROUTES, Route
 DEFAULT_PROMPT = "Write an essay on compilers."
 # What every request asks, fixed by the spec and the matrix: --extra-body may add fields, not change these.
 PROTOCOL_FIELDS = frozenset({"messages", "prompt", "logprobs", "top_logprobs", "temperature", "max_tokens",
-                             "seed", "ignore_eos", "stream", "stream_options", "model"})
+                             "seed", "ignore_eos", "stream", "stream_options", "model", "input", "include",
+                             "max_output_tokens"})
 
 
 def _flag(flag: str, help: str, metavar: str | None = None, parse: Any = str) -> dict[str, Any]:
@@ -107,8 +108,8 @@ class ProbeConfig:
     )
     route: Route = field(
         default="chat",
-        metadata=_flag("--route", "chat (/v1/chat/completions) or completions (/v1/completions); "
-                       "default chat", "ROUTE"),
+        metadata=_flag("--route", "chat (/v1/chat/completions), completions (/v1/completions) or "
+                       "responses (/v1/responses); default chat", "ROUTE"),
     )
     binary: Path | None = field(
         default=None,

@@ -1,4 +1,4 @@
-"""Fire one streamed request (chat or legacy completions) and read its SSE chunks into a StreamResult."""
+"""Fire one streamed request (chat, legacy completions or responses) and read its SSE chunks into a StreamResult."""
 
 import asyncio
 import json
@@ -61,6 +61,9 @@ class StreamResult:
             raise StreamError(f"chunk is not an object: {chunk!r:.80}")
         if chunk.get("error") is not None:
             raise StreamError(f"error event: {_message(chunk)}")
+        if isinstance(chunk.get("type"), str) and chunk["type"].startswith("response."):
+            self._feed_response_event(chunk, arrival)
+            return
         if self.stream_mode is None and isinstance(chunk.get("stream_mode"), str):
             self.stream_mode = chunk["stream_mode"]
         if isinstance(chunk.get("usage"), dict):
@@ -96,6 +99,33 @@ class StreamResult:
         except EntryError as err:
             raise StreamError(f"logprob entry {len(self.entries)}: {err}") from None
 
+    def _feed_response_event(self, event: dict[str, Any], arrival: float) -> None:
+        """The Responses API's semantic events: text and its entries in `output_text.delta`, usage
+        and how it ended in the last event (`completed`, or `incomplete` when cut by the length)."""
+        kind = event["type"]
+        if kind == "response.created" and self.stream_mode is None and isinstance(event.get("stream_mode"), str):
+            self.stream_mode = event["stream_mode"]
+        elif kind == "response.output_text.delta":
+            self._feed_choice({"text": event.get("delta"), "logprobs": {"content": event.get("logprobs") or []}},
+                              arrival)
+        elif kind == "response.failed":
+            raise StreamError(f"response.failed: {_message(event.get('response') or {})}")
+        elif kind in ("response.completed", "response.incomplete"):
+            response = event.get("response")
+            if isinstance(response, dict):
+                self._feed_response_end(response)
+
+    def _feed_response_end(self, response: dict[str, Any]) -> None:
+        self.finish_reason = "length" if response.get("status") == "incomplete" else "stop"
+        usage = response.get("usage")
+        if isinstance(usage, dict):
+            self.has_usage = True
+            tokens = usage.get("output_tokens")
+            self.completion_tokens = tokens if _is_count(tokens) else None
+        cached = cached_tokens(response)
+        if cached is not None:
+            self.cached_tokens = cached
+
     def finish(self) -> None:
         """The reply ended: one without usage or without content is an error, and one with
         content but no logprob entry at all is a fail-open (asked for logprobs, got a 200 without)."""
@@ -120,7 +150,8 @@ def cached_tokens(doc: dict[str, Any]) -> int | None:
     """Prompt tokens the server says it served from its cache: OpenAI's
     `usage.prompt_tokens_details.cached_tokens`, or llama.cpp's `timings.cache_n`."""
     usage = doc.get("usage")
-    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+    # chat and completions: prompt_tokens_details; responses: input_tokens_details
+    details = usage.get("prompt_tokens_details", usage.get("input_tokens_details")) if isinstance(usage, dict) else None
     if isinstance(details, dict) and _is_count(details.get("cached_tokens")):
         return details["cached_tokens"]
     timings = doc.get("timings")
@@ -188,7 +219,16 @@ def unstreamed_body(body: dict[str, Any]) -> dict[str, Any]:
 
 def read_whole(doc: Any, result: StreamResult) -> None:
     """A whole reply read as one chunk: chat's `message` is a stream's `delta`, usage and
-    legacy `text` sit where a stream's last chunks carry them."""
+    legacy `text` sit where a stream's last chunks carry them; a `response` object's message
+    text parts are read as one delta each, then its end."""
+    if isinstance(doc, dict) and doc.get("object") == "response" and isinstance(doc.get("output"), list):
+        for item in doc["output"]:
+            for part in (item.get("content") or []) if isinstance(item, dict) and item.get("type") == "message" else []:
+                if isinstance(part, dict) and part.get("type") == "output_text":
+                    result.feed({"type": "response.output_text.delta", "delta": part.get("text"),
+                                 "logprobs": part.get("logprobs")}, 0.0)
+        result._feed_response_end(doc)
+        return
     if isinstance(doc, dict) and isinstance(doc.get("choices"), list):
         choices = [{**c, "delta": c.get("message")} if isinstance(c, dict) and "message" in c else c
                    for c in doc["choices"]]

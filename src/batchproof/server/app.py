@@ -23,7 +23,7 @@ from batchproof.server.engine_client import Backend
 from batchproof.server.errors import APIError
 from batchproof.server.metrics import RequestCounter
 from batchproof.server.openapi import install_openapi
-from batchproof.server.routes import admin, chat, completions
+from batchproof.server.routes import admin, chat, completions, responses
 from batchproof.server.state import ServerState
 
 
@@ -105,7 +105,7 @@ def create_app(server_config: ServerConfig, engine_config: EngineConfig, engine:
 
     app = FastAPI(title="batchproof", version=__import__("batchproof").__version__, lifespan=lifespan)
     app.state.server = state
-    for module in (chat, completions, admin):
+    for module in (chat, completions, responses, admin):
         app.include_router(module.router)
     install_openapi(app)
 

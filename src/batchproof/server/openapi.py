@@ -5,10 +5,12 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
 from batchproof.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from batchproof.server.responses.protocol import ResponsesRequest
 
 REQUEST_MODELS: dict[str, type[BaseModel]] = {
     "/v1/chat/completions": ChatCompletionRequest,
     "/v1/completions": CompletionRequest,
+    "/v1/responses": ResponsesRequest,
     "/tokenize": TokenizeRequest,
     "/detokenize": DetokenizeRequest,
 }

@@ -160,6 +160,8 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: StrictBool | None = None
     top_logprobs: NumLogprobs | None = None
     tools: list[Tool] | None = None
+    # vLLM's: the generated token ids on each choice, the prompt's beside them (docs/rl-rollouts.md)
+    return_token_ids: StrictBool | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: StrictBool | None = None  # default true, as OpenAI's
     # Known and not implemented: a 400 naming the field unless it asks for nothing.
@@ -180,6 +182,7 @@ class CompletionRequest(SamplingFields):
     prompt: StrictStr | list[StrictStr] | TokenIds | list[TokenIds]
     logprobs: NumLogprobs | None = None
     echo: StrictBool | None = None
+    return_token_ids: StrictBool | None = None  # vLLM's: each choice's prompt and generated token ids
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None  # vLLM's
     best_of: refused("best_of above 1 is not implemented; use n", allowed=(1,)) = None

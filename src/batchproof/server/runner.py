@@ -10,12 +10,13 @@ from dataclasses import dataclass
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from batchproof.common.wire import REPLICA_HEADER, SSE_DONE, sse
+from batchproof.common.wire import REPLICA_HEADER
 from batchproof.engine.async_engine import Opened
 from batchproof.engine.sequence import RequestOutput
 from batchproof.server.engine_client import Backend
 from batchproof.server.errors import APIError, count_mismatch
 from batchproof.server.formatting import Delta, ReplyFormatter
+from batchproof.server.formatting.entries import ids_mismatch
 from batchproof.server.merge import merge
 from batchproof.server.metrics import Metrics
 from batchproof.server.plan import Plan
@@ -158,12 +159,13 @@ async def reply(request: Request, submitted: Submitted, timeout_s: float, is_str
 
 async def sse_events(stream: AsyncIterator[Delta], timeout_s: float,
                      formatter: ReplyFormatter) -> AsyncIterator[bytes]:
-    """The first chunks, then one chunk per delta that carries text or the finish, then
-    usage and [DONE]; an error, a timeout or a choice whose records do not number its
-    tokens ends the stream with an error event and no [DONE]."""
+    """The first chunks, then the chunks of each delta that carries text or the finish, then
+    the last chunks (usage) and the stream's end; an error, a timeout or a choice whose records
+    (or token ids) do not number its tokens ends the stream with the formatter's error chunks instead."""
     for event in formatter.first_chunks():
-        yield sse(event)
+        yield formatter.encode(event)
     num_records: dict[int, int] = {}
+    num_ids: dict[int, int] = {}
     lasts: dict[int, RequestOutput] = {}
     try:
         async with contextlib.aclosing(stream):
@@ -173,18 +175,23 @@ async def sse_events(stream: AsyncIterator[Delta], timeout_s: float,
                     num_records[index] = num_records.get(index, 0) + len(out.records)
                     if out.finish_reason is not None and num_records[index] != out.num_kept_tokens:
                         error = count_mismatch(num_records[index], out.num_kept_tokens)
+                if error is None and formatter.wants_token_ids:
+                    num_ids[index] = num_ids.get(index, 0) + len(out.token_ids)
+                    if out.finish_reason is not None and num_ids[index] != out.num_kept_tokens:
+                        error = ids_mismatch(num_ids[index], out.num_kept_tokens)
                 if error is not None:
-                    yield sse(error.body())
+                    for event in formatter.error_chunks(error):
+                        yield formatter.encode(event)
                     return
                 if out.text or out.finish_reason is not None:
-                    chunk = formatter.chunk(index, out)
-                    if chunk is not None:  # None: nothing to send yet (text held while it may be a tool call)
-                        yield sse(chunk)
+                    # none while text is held back (it may be a tool call)
+                    for event in formatter.chunks(index, out):
+                        yield formatter.encode(event)
                 lasts[index] = out
     except TimeoutError:
-        yield sse(timeout_error(timeout_s).body())
+        for event in formatter.error_chunks(timeout_error(timeout_s)):
+            yield formatter.encode(event)
         return
-    usage_chunk = formatter.usage_chunk([lasts[i] for i in sorted(lasts)])
-    if usage_chunk is not None:
-        yield sse(usage_chunk)
-    yield SSE_DONE
+    for event in formatter.last_chunks([lasts[i] for i in sorted(lasts)]):
+        yield formatter.encode(event)
+    yield formatter.stream_end

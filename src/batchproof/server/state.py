@@ -13,6 +13,7 @@ from batchproof.server.engine_client import Backend, EngineClient
 from batchproof.server.errors import APIError, from_validation_error
 from batchproof.server.metrics import Metrics
 from batchproof.server.plan import Limits
+from batchproof.server.responses.store import ResponseStore
 
 Model = TypeVar("Model", bound=BaseModel)
 
@@ -31,6 +32,7 @@ class ServerState:
     # Called (from the loader thread) when the model cannot load: `batchproof serve` stops the
     # server then and exits non-zero; an app built without it stays up answering 503.
     on_load_error: Callable[[], None] | None = None
+    responses: ResponseStore = field(default_factory=ResponseStore)  # what previous_response_id continues
 
     @property
     def engine(self) -> EngineClient:

@@ -2,7 +2,9 @@
 
 from typing import Protocol
 
+from batchproof.common.wire import SSE_DONE, sse
 from batchproof.engine.sequence import RequestOutput
+from batchproof.server.errors import APIError
 
 Delta = tuple[int, RequestOutput]  # (choice index, that choice's delta)
 
@@ -12,17 +14,38 @@ class ReplyFormatter(Protocol):
     streamed and the whole reply, so the two cannot drift apart."""
 
     wants_records: bool  # the request asked for logprobs: their count is checked against the tokens
+    wants_token_ids: bool  # the request asked for token ids (vLLM's return_token_ids): checked the same way
+    stream_end: bytes  # what a stream that completed ends with (chat's `data: [DONE]`)
+
+    def encode(self, event: dict) -> bytes:
+        """One stream event on the wire."""
 
     def first_chunks(self) -> list[dict]:
         """What a stream opens with, before any delta."""
 
-    def chunk(self, index: int, out: RequestOutput) -> dict | None:
-        """One delta of choice `index` as a stream chunk (it carries text or the finish), or None
+    def chunks(self, index: int, out: RequestOutput) -> list[dict]:
+        """One delta of choice `index` as stream events (it carries text or the finish); none
         when there is nothing to send yet."""
 
-    def usage_chunk(self, lasts: list[RequestOutput]) -> dict | None:
-        """The stream's closing usage chunk (from each choice's last delta), or None when not asked for."""
+    def last_chunks(self, lasts: list[RequestOutput]) -> list[dict]:
+        """What a stream that completed sends last (from each choice's last delta): usage when asked."""
+
+    def error_chunks(self, error: APIError) -> list[dict]:
+        """What a stream that failed midway sends before it ends (without `stream_end`)."""
 
     def whole(self, outputs: list[list[RequestOutput]]) -> dict:
         """Every delta of every choice (in index order) as one reply; raises APIError when the
         logprobs do not number the tokens."""
+
+
+class ChunkStream:
+    """The Chat Completions family's framing: bare `data:` events, an error as its envelope, `[DONE]` last."""
+
+    stream_end = SSE_DONE
+    wants_token_ids = False
+
+    def encode(self, event: dict) -> bytes:
+        return sse(event)
+
+    def error_chunks(self, error: APIError) -> list[dict]:
+        return [error.body()]

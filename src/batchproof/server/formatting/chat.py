@@ -5,15 +5,17 @@ import time
 from batchproof.engine.sequence import RequestOutput
 from batchproof.engine.tokenizer import Tokenizer
 from batchproof.server.errors import count_mismatch
-from batchproof.server.formatting.entries import chat_entry, prompt_logprobs, summed_usage
+from batchproof.server.formatting import ChunkStream
+from batchproof.server.formatting.entries import chat_entry, prompt_logprobs, reply_token_ids, summed_usage
 from batchproof.server.tools import reply as tool_reply
 from batchproof.server.tools.choice import ToolPlan
 
 
-class ChatFormatter:
+class ChatFormatter(ChunkStream):
     def __init__(self, request_id: str, model: str, tokenizer: Tokenizer, num_choices: int, wants_records: bool,
                  include_usage: bool, prompt_ids: list[int], num_prompt_logprobs: int | None = None,
-                 label: dict[str, str] | None = None, tool_plan: ToolPlan | None = None) -> None:
+                 label: dict[str, str] | None = None, tool_plan: ToolPlan | None = None,
+                 return_token_ids: bool = False) -> None:
         self.base = {"id": request_id, "created": int(time.time()), "model": model}
         self.head = {**self.base, "object": "chat.completion.chunk"}
         self.tokenizer = tokenizer
@@ -26,14 +28,21 @@ class ChatFormatter:
         # Tool calls: each choice's text read as calls (None: plain text, tool_choice none included).
         self.tool_plan = tool_plan if tool_plan is not None and tool_plan.makes_calls else None
         self.tool_replies = [tool_reply.ToolReply(self.tool_plan) for _ in range(num_choices)] if self.tool_plan else []
+        # vLLM's return_token_ids: the prompt's ids at the top, each choice's generated ids on it.
+        self.return_token_ids = return_token_ids
+        self.wants_token_ids = return_token_ids  # the runner checks a stream's count
+
 
     def first_chunks(self) -> list[dict]:
         # stream_mode "live": chunks leave as tokens are made (the probe's S7 reads it).
-        return [{**self.head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                           "finish_reason": None}], "stream_mode": "live"}
-                for i in range(self.num_choices)]
+        chunks = [{**self.head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                             "finish_reason": None}], "stream_mode": "live"}
+                  for i in range(self.num_choices)]
+        if self.return_token_ids:  # on the first chunk only, as vLLM sends it
+            chunks[0]["prompt_token_ids"] = self.prompt_ids
+        return chunks
 
-    def chunk(self, index: int, out: RequestOutput) -> dict | None:
+    def chunks(self, index: int, out: RequestOutput) -> list[dict]:
         delta, finish_reason = ({"content": out.text} if out.text else {}), out.finish_reason
         if self.tool_plan is not None:
             delta, finish_reason = self._tool_delta(index, out)
@@ -42,10 +51,12 @@ class ChatFormatter:
         # it may be part of a tool call (the calls' tokens have entries too).
         if self.wants_records and out.records:
             choice["logprobs"] = {"content": [chat_entry(self.tokenizer, r) for r in out.records], **self.label}
-        elif not delta and finish_reason is None:
-            return None  # all of it held back, and no entry to carry
+        elif not delta and finish_reason is None and not (self.return_token_ids and out.token_ids):
+            return []  # all of it held back, and no entry or id to carry
         choice["finish_reason"] = finish_reason
-        return {**self.head, "choices": [choice]}
+        if self.return_token_ids:  # the ids ride exactly where the entries do
+            choice["token_ids"] = out.token_ids
+        return [{**self.head, "choices": [choice]}]
 
     def _tool_delta(self, index: int, out: RequestOutput) -> tuple[dict, str | None]:
         replying = self.tool_replies[index]
@@ -62,10 +73,10 @@ class ChatFormatter:
             delta["tool_calls"] = calls
         return delta, finish_reason
 
-    def usage_chunk(self, lasts: list[RequestOutput]) -> dict | None:
+    def last_chunks(self, lasts: list[RequestOutput]) -> list[dict]:
         if not self.include_usage:
-            return None
-        return {**self.head, "choices": [], "usage": summed_usage(lasts, self.num_choices)}
+            return []
+        return [{**self.head, "choices": [], "usage": summed_usage(lasts, self.num_choices)}]
 
     def _choice(self, index: int, outputs: list[RequestOutput]) -> dict:
         last = outputs[-1]
@@ -80,6 +91,8 @@ class ChatFormatter:
                 raise count_mismatch(len(entries), last.num_kept_tokens)
             choice["logprobs"] = {"content": entries, **self.label}
         choice["finish_reason"] = finish_reason
+        if self.return_token_ids:
+            choice["token_ids"] = reply_token_ids(outputs)
         return choice
 
     def whole(self, outputs: list[list[RequestOutput]]) -> dict:
@@ -90,4 +103,6 @@ class ChatFormatter:
             records = outputs[0][0].prompt_records or [None] * len(self.prompt_ids)
             reply["prompt_logprobs"] = prompt_logprobs(self.tokenizer, self.prompt_ids, records,
                                                        self.num_prompt_logprobs)
+        if self.return_token_ids:
+            reply["prompt_token_ids"] = self.prompt_ids
         return reply

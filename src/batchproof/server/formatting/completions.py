@@ -6,7 +6,14 @@ from dataclasses import dataclass
 from batchproof.engine.sequence import RequestOutput
 from batchproof.engine.tokenizer import Tokenizer
 from batchproof.server.errors import count_mismatch
-from batchproof.server.formatting.entries import TextOffsets, legacy_logprobs, prompt_logprobs, summed_usage
+from batchproof.server.formatting import ChunkStream
+from batchproof.server.formatting.entries import (
+    TextOffsets,
+    legacy_logprobs,
+    prompt_logprobs,
+    reply_token_ids,
+    summed_usage,
+)
 
 
 @dataclass(frozen=True)
@@ -18,9 +25,10 @@ class CompletionsShape:
     num_prompt_logprobs: int | None  # vLLM's prompt_logprobs
     include_usage: bool
     label: dict[str, str] | None = None  # under a constraint: which it was, and raw or processed
+    return_token_ids: bool = False  # vLLM's: each choice's prompt_token_ids and (generated) token_ids
 
 
-class CompletionsFormatter:
+class CompletionsFormatter(ChunkStream):
     def __init__(self, request_id: str, model: str, tokenizer: Tokenizer, prompts: list[list[int]], n: int,
                  shape: CompletionsShape) -> None:
         self.base = {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": model}
@@ -32,22 +40,30 @@ class CompletionsFormatter:
         self.include_usage = shape.include_usage
         # One running count of characters per choice, across a stream's chunks.
         self.offsets = [TextOffsets(tokenizer) for _ in range(len(prompts) * n)]
+        self.wants_token_ids = shape.return_token_ids  # the runner checks a stream's count
+        self.opened: set[int] = set()  # choices whose first chunk (with prompt_token_ids) is out
+
 
     def first_chunks(self) -> list[dict]:
         return []
 
-    def chunk(self, index: int, out: RequestOutput) -> dict:
+    def chunks(self, index: int, out: RequestOutput) -> list[dict]:
         choice: dict = {"index": index, "text": out.text, "finish_reason": out.finish_reason, "logprobs": None}
         if self.wants_records:
             token_ids = [r.token_id for r in out.records]
             choice["logprobs"] = {**legacy_logprobs(self.tokenizer, out.records, token_ids, self.offsets[index],
                                                     self.shape.num_logprobs), **(self.shape.label or {})}
-        return {**self.base, "choices": [choice]}
+        if self.shape.return_token_ids:  # as vLLM: the prompt's ids on a choice's first chunk only
+            if index not in self.opened:
+                choice["prompt_token_ids"] = self.prompts[index // self.n]
+                self.opened.add(index)
+            choice["token_ids"] = out.token_ids  # the ids of the tokens whose text this chunk carries
+        return [{**self.base, "choices": [choice]}]
 
-    def usage_chunk(self, lasts: list[RequestOutput]) -> dict | None:
+    def last_chunks(self, lasts: list[RequestOutput]) -> list[dict]:
         if not self.include_usage:
-            return None
-        return {**self.base, "choices": [], "usage": summed_usage(lasts, self.n)}
+            return []
+        return [{**self.base, "choices": [], "usage": summed_usage(lasts, self.n)}]
 
     def _choice(self, index: int, outputs: list[RequestOutput], scored: list) -> dict:
         last = outputs[-1]
@@ -67,6 +83,9 @@ class CompletionsFormatter:
         if self.shape.num_prompt_logprobs is not None:
             choice["prompt_logprobs"] = prompt_logprobs(self.tokenizer, prompt_ids, scored,
                                                         self.shape.num_prompt_logprobs)
+        if self.shape.return_token_ids:  # generated ids only, echo or not (as vLLM)
+            choice["prompt_token_ids"] = prompt_ids
+            choice["token_ids"] = reply_token_ids(outputs)
         return choice
 
     def whole(self, outputs: list[list[RequestOutput]]) -> dict:

@@ -1,9 +1,10 @@
-"""Engine records in OpenAI's wire shapes: chat logprob entries, legacy logprobs, usage."""
+"""Engine records in OpenAI's wire shapes: chat logprob entries, legacy logprobs, token ids, usage."""
 
 from batchproof.common.wire import wire_logprob
 from batchproof.engine.logprobs import TokenRecord
 from batchproof.engine.sequence import RequestOutput
 from batchproof.engine.tokenizer import Tokenizer, incremental_utf8_decoder
+from batchproof.server.errors import APIError
 
 
 def _token(tokenizer: Tokenizer, token_id: int) -> tuple[str, list[int]]:
@@ -87,3 +88,18 @@ def summed_usage(lasts: list[RequestOutput], n: int) -> dict:
     once (its n choices share it; the first choice's cache hits count), every choice's completion counted."""
     return usage(sum(out.num_prompt_tokens for out in lasts[::n]), sum(out.num_output_tokens for out in lasts),
                  sum(out.num_cached_tokens for out in lasts[::n]))
+
+
+def ids_mismatch(num_ids: int, num_tokens: int) -> APIError:
+    """Fail closed, as logprobs do: a reply whose token ids do not number its tokens is never a 200
+    (a trainer would score other tokens than those the reply's logprobs describe)."""
+    return APIError(500, f"token_ids fail closed: {num_ids} ids for {num_tokens} reply tokens", type_="server_error")
+
+
+def reply_token_ids(outputs: list[RequestOutput]) -> list[int]:
+    """vLLM's `token_ids`: one choice's generated ids over all its deltas (the end-of-turn token
+    is no part of the reply, as in its logprobs and usage)."""
+    ids = [token_id for out in outputs for token_id in out.token_ids]
+    if len(ids) != outputs[-1].num_kept_tokens:
+        raise ids_mismatch(len(ids), outputs[-1].num_kept_tokens)
+    return ids

@@ -22,6 +22,11 @@ def _plan(body: bytes, state: ServerState, key_id: str | None
           ) -> tuple[ChatCompletionRequest, Plan, ToolPlan | None]:
     """Parse, render and tokenize: on a worker thread (a maximal body takes seconds)."""
     req = parse_body(ChatCompletionRequest, body)
+    return (req, *plan_chat(req, state, key_id))
+
+
+def plan_chat(req: ChatCompletionRequest, state: ServerState, key_id: str | None) -> tuple[Plan, ToolPlan | None]:
+    """A parsed chat request -> what the engine runs: the one plan the Responses route shares."""
     check_model(req.model, state.served_model_name)
     if not req.messages:
         raise APIError(400, "'messages' must hold at least one message, got []", param="messages")
@@ -39,7 +44,7 @@ def _plan(body: bytes, state: ServerState, key_id: str | None
         constraint = tool_plan.constraint  # required or named: the calls' grammar
     else:
         constraint = request_constraint(req.response_format, req.structured_outputs, engine.tokenizer)
-    return req, plan_request(req, engine, state.limits, [prompt_ids], wanted, key_id, constraint), tool_plan
+    return plan_request(req, engine, state.limits, [prompt_ids], wanted, key_id, constraint), tool_plan
 
 
 @router.post("/v1/chat/completions", response_model=None)
@@ -50,5 +55,6 @@ async def chat_completions(request: Request) -> Response:
     formatter = ChatFormatter(submitted.request_id, state.served_model_name, state.engine.tokenizer, len(plan.choices),
                               wants_records=req.logprobs is True, include_usage=plan.include_usage,
                               prompt_ids=plan.prompts[0], num_prompt_logprobs=req.prompt_logprobs,
-                              label=logprobs_label(plan.choices[0].params), tool_plan=tool_plan)
+                              label=logprobs_label(plan.choices[0].params), tool_plan=tool_plan,
+                              return_token_ids=bool(req.return_token_ids))
     return await reply(request, submitted, state.config.request_timeout_s, bool(req.stream), formatter)

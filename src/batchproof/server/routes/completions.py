@@ -83,7 +83,8 @@ async def completions(request: Request) -> Response:
     submitted = await submit(state, plan, "cmpl")
     shape = CompletionsShape(num_logprobs=req.logprobs, echo=bool(req.echo),
                              num_prompt_logprobs=req.prompt_logprobs, include_usage=plan.include_usage,
-                             label=logprobs_label(plan.choices[0].params))
+                             label=logprobs_label(plan.choices[0].params),
+                             return_token_ids=bool(req.return_token_ids))
     formatter = CompletionsFormatter(submitted.request_id, state.served_model_name, state.engine.tokenizer,
                                      plan.prompts, len(plan.choices) // len(plan.prompts), shape)
     return await reply(request, submitted, state.config.request_timeout_s, bool(req.stream), formatter)

@@ -1,0 +1,97 @@
+"""POST /v1/responses (and GET/DELETE of a stored one): the Responses API as a formatter over the
+chat route's plan and the same runner, so a conversation gets the same tokens and logprobs
+through either API."""
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from batchproof.server.auth import tenant
+from batchproof.server.errors import APIError, shown
+from batchproof.server.plan import Plan, logprobs_label
+from batchproof.server.protocol import ChatCompletionRequest
+from batchproof.server.responses.formatter import ResponsesFormatter
+from batchproof.server.responses.protocol import ResponsesRequest
+from batchproof.server.responses.translate import Message, chat_request, input_messages, renamed
+from batchproof.server.routes.chat import plan_chat
+from batchproof.server.runner import reply, submit
+from batchproof.server.state import ServerState, parse_body
+from batchproof.server.tools.choice import ToolPlan
+
+router = APIRouter()
+
+
+def _not_found(response_id: str, param: str) -> APIError:
+    return APIError(404, f"no stored response has the id {shown(response_id)} (responses are kept in bounded "
+                         "memory, per API key, until the server restarts or needs the room)", param=param,
+                    code="previous_response_not_found" if param == "previous_response_id" else "not_found")
+
+
+def _plan(body: bytes, state: ServerState, key_id: str | None
+          ) -> tuple[ResponsesRequest, ChatCompletionRequest, Plan, ToolPlan | None, list[Message]]:
+    """Parse, translate, render and tokenize: on a worker thread, as the chat route does."""
+    req = parse_body(ResponsesRequest, body)
+    history: list[Message] = []
+    if req.previous_response_id is not None:
+        stored = state.responses.get(key_id, req.previous_response_id)
+        if stored is None:
+            raise _not_found(req.previous_response_id, "previous_response_id")
+        history = stored.conversation
+    chat, conversation = chat_request(req, history)
+    try:
+        plan, tool_plan = plan_chat(chat, state, key_id)
+    except APIError as error:
+        raise renamed(error) from None
+    return req, chat, plan, tool_plan, conversation
+
+
+def _echo(req: ResponsesRequest, response_id: str, model: str) -> dict[str, Any]:
+    """The response object's fields that restate the request, defaults filled in as OpenAI's are."""
+    text_format = req.text.format if req.text is not None and req.text.format is not None else None
+    return {"id": response_id, "model": model, "instructions": req.instructions,
+            "max_output_tokens": req.max_output_tokens, "metadata": req.metadata or {},
+            "parallel_tool_calls": req.parallel_tool_calls is not False,
+            "previous_response_id": req.previous_response_id, "store": req.store is not False,
+            "temperature": 1.0 if req.temperature is None else req.temperature,
+            "top_p": 1.0 if req.top_p is None else req.top_p, "top_logprobs": req.top_logprobs,
+            "tool_choice": req.tool_choice or "auto", "tools": req.tools or [],
+            "text": {"format": text_format.model_dump(by_alias=True, exclude_none=True) if text_format
+                     else {"type": "text"}},
+            "truncation": "disabled", "user": req.user, "background": False,
+            "reasoning": {"effort": None, "summary": None}, "service_tier": "default"}
+
+
+@router.post("/v1/responses", response_model=None)
+async def create_response(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    key_id = tenant(request)
+    req, chat, plan, tool_plan, conversation = await run_in_threadpool(_plan, await request.body(), state, key_id)
+    submitted = await submit(state, plan, "resp")
+    response_id = submitted.request_id.replace("-", "_", 1)  # OpenAI's spelling: resp_<hex>
+
+    def keep(response: dict[str, Any]) -> None:
+        state.responses.put(key_id, response, [*conversation, *input_messages(response["output"], "output")])
+
+    formatter = ResponsesFormatter(_echo(req, response_id, state.served_model_name), state.engine.tokenizer,
+                                   wants_records=chat.logprobs is True, label=logprobs_label(plan.choices[0].params),
+                                   tool_plan=tool_plan, on_done=keep if req.store is not False else None)
+    return await reply(request, submitted, state.config.request_timeout_s, bool(req.stream), formatter)
+
+
+@router.get("/v1/responses/{response_id}", response_model=None)
+async def get_response(request: Request, response_id: str) -> Response:
+    if request.query_params.get("stream", "false").lower() not in ("false", "0"):
+        raise APIError(400, "replaying a stored response as a stream is not served; GET it whole", param="stream")
+    stored = request.app.state.server.responses.get(tenant(request), response_id)
+    if stored is None:
+        raise _not_found(response_id, "response_id")
+    return JSONResponse(stored.response)
+
+
+@router.delete("/v1/responses/{response_id}", response_model=None)
+async def delete_response(request: Request, response_id: str) -> Response:
+    if not request.app.state.server.responses.delete(tenant(request), response_id):
+        raise _not_found(response_id, "response_id")
+    return JSONResponse({"id": response_id, "object": "response", "deleted": True})
