@@ -103,3 +103,38 @@ def test_the_modes_do_not_combine_with_a_fleet(tmp_path: Path, flag: str, capsys
         code, witness = run_probe(server.url, tmp_path, flag, "--fleet")
     assert code == 2 and witness is None
     assert "measure one server; give them without --fleet" in capsys.readouterr().err
+
+
+def test_a_warm_slot_the_cache_served_nothing_new_is_not_blamed_on_it() -> None:
+    """llama-server with cache_prompt false: 0 cached tokens, and a band of long prompts still parts
+    from the cold run. The difference is recorded, but not as the cache's."""
+    from batchproof.probe.cache import cache_record, judge_case
+    from batchproof.probe.entry import parse_entry
+    from batchproof.probe.stream import StreamResult
+
+    def reply(logprob: float, cached: int | None) -> StreamResult:
+        entry = parse_entry({"token": "a", "logprob": logprob, "bytes": [97], "top_logprobs": []})
+        return StreamResult(entries=[entry] * 4, text="aaaa", completion_tokens=4, finish_reason="length",
+                            has_usage=True, cached_tokens=cached)
+
+    case = cache_cases("Why?", lambda: "k")[0]
+    cold, same, shifted = reply(-0.5, 3), reply(-0.5, 3), reply(-0.25, 3)
+    warm = [(1, 0, same), (1, 1, same), (4, 0, shifted), (4, 1, reply(-0.25, 160))]
+    record, findings = judge_case(case, cold, reply(-0.5, 160), warm, 4, band_noise=lambda c: None)
+    assert [f["attributable"] for f in findings] == [False, True]
+    assert findings[0]["text"].endswith("(not attributable to the cache: it reports 3 cached tokens, no more than "
+                                        "the cold run's 3: the cache served it nothing the cold run lacked)")
+    assert cache_record([(record, findings)])["result"] == "FAIL"  # the slot that hit 160 tokens is the cache's
+    assert cache_record([judge_case(case, cold, same, warm[:3], 4, band_noise=lambda c: None)])["result"] == "PASS"
+
+
+def test_a_plain_band_that_was_not_judged_pass_is_named_for_what_it_was() -> None:
+    """llama-server -np 1 serves a band of 4 one request at a time: UNMEASURABLE, yet bitwise m=1."""
+    from batchproof.probe.pair import band_noise
+
+    slot = {"divergence_at": 16, "completion_tokens": 16}
+    band = {"c": 4, "result": "UNMEASURABLE", "logprobs_bitwise_equal": True, "slots": [slot] * 4}
+    assert band_noise([band], 4) == "the plain c=4 band is UNMEASURABLE, so its batching is not known to be exact"
+    assert band_noise([{**band, "result": "PASS"}], 4) is None
+    assert band_noise([{**band, "logprobs_bitwise_equal": False}], 4) == "the plain c=4 band already differs from m=1"
+    assert band_noise([band], 8) == "the plain c=8 band was not measured"

@@ -81,7 +81,9 @@ def judge_case(
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """One case's record and findings. A warm slot is blamed on the cache unless something else
     could explain it: two warm alone runs that differ from each other (the server is not
-    deterministic alone), or for a band, `band_noise(c)` (its plain band already differs from m=1)."""
+    deterministic alone), for a band, `band_noise(c)` (its plain band already differs from m=1), or
+    a slot the server says the cache served no more of than the cold run (llama-server with
+    `cache_prompt: false` reports 0 and still parts from the cold run inside a band of long prompts)."""
     diffs = [(c, i, r, compare_replies(cold, r, n_predict)) for c, i, r in warm]
     alone = [r for c, _, r in warm if c == 1]
     noise = None
@@ -89,7 +91,7 @@ def judge_case(
         noise = "two warm alone runs differ from each other"
     slots, findings = [], []
     for c, i, result, diff in diffs:
-        why_not = noise or (band_noise(c) if c > 1 else None)
+        why_not = noise or (band_noise(c) if c > 1 else None) or _no_new_hit(result, cold)
         slots.append({"c": c, "i": i, "cached_tokens": result.cached_tokens, **diff.record(),
                       "attributable": why_not is None, "not_attributable": why_not})
         if diff.kind is not None:
@@ -101,6 +103,14 @@ def judge_case(
     record = {"case": case.name, "shares": case.shared,
               "cold": _run(cold), "warmer": _run(warmer), "slots": slots}
     return record, findings
+
+
+def _no_new_hit(warm: StreamResult, cold: StreamResult) -> str | None:
+    """Why a warm slot's difference is not the cache's: it reports no more cached tokens than the cold run."""
+    if warm.cached_tokens is None or cold.cached_tokens is None or warm.cached_tokens > cold.cached_tokens:
+        return None
+    return (f"it reports {warm.cached_tokens} cached tokens, no more than the cold run's {cold.cached_tokens}: "
+            "the cache served it nothing the cold run lacked")
 
 
 def _run(result: StreamResult) -> dict[str, Any]:
