@@ -10,6 +10,7 @@ from typing import Any
 
 from tokenizers import Tokenizer as HFTokenizer
 
+from batchproof.engine.model.hf_config import json_object
 from batchproof.engine.model.validate import ModelLoadError, shown
 from batchproof.engine.tokenizer import END_OF_TURN_SPELLINGS, SpecialIds, Tokenizer, bytes_to_unicode
 
@@ -20,15 +21,7 @@ BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
 def _optional_json(path: Path) -> dict[str, Any]:
     """A JSON object file that may be absent ({}); present but unreadable is refused."""
-    if not path.is_file():
-        return {}
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ModelLoadError(f"{path}: not a JSON file ({e})") from None
-    if not isinstance(value, dict):
-        raise ModelLoadError(f"{path}: holds {type(value).__name__}, not a JSON object")
-    return value
+    return json_object(path) if path.is_file() else {}
 
 
 def _decoder_types(decoder: dict | None) -> set[str]:

@@ -4,7 +4,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from starlette.requests import Request
@@ -157,6 +157,16 @@ async def reply(request: Request, submitted: Submitted, timeout_s: float, is_str
     return JSONResponse(formatter.whole([by_choice[i] for i in sorted(by_choice)]), headers=submitted.headers)
 
 
+def _miscounted(counts: dict[int, int], index: int, num: int, out: RequestOutput,
+                mismatch: Callable[[int, int], APIError]) -> APIError | None:
+    """Add a delta's entries (or ids) to its choice's count; at the choice's end, the error when
+    they do not number its tokens."""
+    counts[index] = counts.get(index, 0) + num
+    if out.finish_reason is not None and counts[index] != out.num_kept_tokens:
+        return mismatch(counts[index], out.num_kept_tokens)
+    return None
+
+
 async def sse_events(stream: AsyncIterator[Delta], timeout_s: float,
                      formatter: ReplyFormatter) -> AsyncIterator[bytes]:
     """The first chunks, then the chunks of each delta that carries text or the finish, then
@@ -172,13 +182,9 @@ async def sse_events(stream: AsyncIterator[Delta], timeout_s: float,
             async for index, out in stream:
                 error = engine_error(out, timeout_s)
                 if error is None and formatter.wants_records:
-                    num_records[index] = num_records.get(index, 0) + len(out.records)
-                    if out.finish_reason is not None and num_records[index] != out.num_kept_tokens:
-                        error = count_mismatch(num_records[index], out.num_kept_tokens)
+                    error = _miscounted(num_records, index, len(out.records), out, count_mismatch)
                 if error is None and formatter.wants_token_ids:
-                    num_ids[index] = num_ids.get(index, 0) + len(out.token_ids)
-                    if out.finish_reason is not None and num_ids[index] != out.num_kept_tokens:
-                        error = ids_mismatch(num_ids[index], out.num_kept_tokens)
+                    error = _miscounted(num_ids, index, len(out.token_ids), out, ids_mismatch)
                 if error is not None:
                     for event in formatter.error_chunks(error):
                         yield formatter.encode(event)

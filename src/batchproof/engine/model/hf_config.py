@@ -35,17 +35,22 @@ class ConfigKeys(Metadata):
     kind = "key"
 
 
+def json_object(path: Path) -> dict[str, Any]:
+    """A JSON object file as a dict (one line naming the file if it is not one)."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ModelLoadError(f"{path}: not a JSON file ({e})") from None
+    if not isinstance(value, dict):
+        raise ModelLoadError(f"{path}: holds {type(value).__name__}, not a JSON object")
+    return value
+
+
 def read_config(path: Path) -> dict[str, Any]:
     """config.json as a dict (one line naming the file if it is missing or not a JSON object)."""
     if not path.is_file():
         raise ModelLoadError(f"{path}: no such file (a Hugging Face checkpoint directory needs config.json)")
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ModelLoadError(f"{path}: not a JSON file ({e})") from None
-    if not isinstance(config, dict):
-        raise ModelLoadError(f"{path}: holds {type(config).__name__}, not a JSON object")
-    return config
+    return json_object(path)
 
 
 def architecture(config: dict[str, Any], path: Path) -> str:
