@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from batchproof.commands.bench import start_batchproof  # noqa: E402
+from batchproof.commands.bench.servers import start_batchproof  # noqa: E402
 from batchproof.common.wire import DONE, SSEReader  # noqa: E402
 
 WORDS = "compiler parser token lattice harbor winter garden signal river market orbit lantern".split()

@@ -1,5 +1,6 @@
 """`batchproof check`: its output, --json, aprender's witnesses, S1 details, and no torch."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -115,7 +116,7 @@ def test_aprender_v2_has_no_margin_so_an_early_divergence_is_unexplained():
 def test_aprender_v3_typed_reading_keeps_its_margin():
     witness = json.loads((FIXTURES / "aprender-v3.json").read_text(encoding="utf-8"))
     band = typed_witness(witness)["bands"][C8]
-    assert (band["divergence_at"], band["top2_margin_at_divergence"], band["decode_tok_s"]) == (41, 0.0125, 33.25)
+    assert (band.divergence_at, band.top2_margin_at_divergence, band.decode_tok_s) == (41, 0.0125, 33.25)
 
 
 def test_a_differing_model_sha256_is_named():
@@ -301,9 +302,9 @@ def test_a_tiny_positive_rate_is_a_rate():
 
 def test_judge_does_not_change_its_inputs():
     witness = typed_witness(mutated(diverge(C4, 3, 0.01)))
-    before = json.dumps(witness, sort_keys=True)
+    before = json.dumps(witness, sort_keys=True, default=dataclasses.asdict)
     judge(witness, load_contract())
-    assert json.dumps(witness, sort_keys=True) == before
+    assert json.dumps(witness, sort_keys=True, default=dataclasses.asdict) == before
 
 
 def test_the_check_imports_neither_torch_nor_numpy():

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from batchproof.check.witness import WitnessError, parse_witness, typed_witness
+from batchproof.common.band import Band
 from tests.helpers.check_support import C1, C4, check_text, check_witness, control, mutated, run_cli, set_band, set_top
 
 JSON_SCALARS = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text()
@@ -129,13 +130,17 @@ def test_typed_witness_keeps_only_the_judged_keys_and_makes_numbers_floats():
     assert typed["reference_logprobs"] is None
     assert typed["model"] == witness["model"]
     band = typed["bands"][C4]
-    assert sorted(band) == sorted(["c", "result", "m_formed", "divergence_at", "declared_min",
-                                   "top2_margin_at_divergence", "decode_tok_s", "divergence_slot",
-                                   "logprob_max_abs_diff", "logprobs_bitwise_equal", "logprobs_attributable",
-                                   "m_formed_by_replica", "slots"])
-    assert band["decode_tok_s"] == 30.0 and isinstance(band["decode_tok_s"], float)
-    assert band["top2_margin_at_divergence"] == 0.0 and isinstance(band["top2_margin_at_divergence"], float)
-    assert typed["bands"][C1]["top2_margin_at_divergence"] is None
+    assert isinstance(band, Band) and band.key_order == tuple(witness["bands"][C4])
+    # The band keys the check does not judge read as null: the control records them.
+    assert (band.intra_agree_to, band.max_constant_run, band.max_constant_run_declared) == (None, None, None)
+    assert witness["bands"][C4]["intra_agree_to"] == 128 and witness["bands"][C4]["max_constant_run"] == 2
+    assert (band.c, band.result, band.m_formed, band.divergence_at, band.declared_min) == (4, "PASS", 4, 127, 64)
+    assert band.decode_tok_s == 30.0 and isinstance(band.decode_tok_s, float)
+    assert band.top2_margin_at_divergence == 0.0 and isinstance(band.top2_margin_at_divergence, float)
+    assert typed["bands"][C1].top2_margin_at_divergence is None
+    # A slot keeps its judged keys only.
+    assert sorted(band.slots[0]) == sorted(["i", "divergence_at", "top2_margin_at_divergence", "logprob_max_abs_diff",
+                                            "logprobs_bitwise_equal", "logprob_first_diff_at", "replica"])
 
 
 def test_a_band_at_c0_is_read_and_ignored(tmp_path):

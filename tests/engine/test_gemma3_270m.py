@@ -90,7 +90,7 @@ def test_a_greedy_request_is_bitwise_the_same_alone_and_in_a_batch_of_16(gemma: 
 
 
 def test_gemmas_chat_format_is_chosen_by_its_tokens_and_its_turn_end_stops(gemma: Engine) -> None:
-    assert "Gemma" in gemma.chat_template_origin
+    assert "Gemma" in gemma.front.chat_template_origin
     ids = gemma.chat_prompt_ids([{"role": "user", "content": "Hi"}])
     assert ids[:2] == [BOS, gemma.tokenizer.encode("<start_of_turn>")[0]] and ids.count(BOS) == 1
     assert gemma.tokenizer.decode(ids[1:]) == "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"

@@ -107,9 +107,9 @@ def test_chat_template_renders_like_the_hand_written_chatml(engine) -> None:
                 {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Bye"}]
     expected = ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
                 "<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n")
-    assert engine.chat_template.render(messages, add_generation_prompt=False) == expected
-    assert engine.chat_template.render(messages) == expected + "<|im_start|>assistant\n"
-    default_system = engine.chat_template.render([{"role": "user", "content": "Hi"}], add_generation_prompt=False)
+    assert engine.front.chat_template.render(messages, add_generation_prompt=False) == expected
+    assert engine.front.chat_template.render(messages) == expected + "<|im_start|>assistant\n"
+    default_system = engine.front.chat_template.render([{"role": "user", "content": "Hi"}], add_generation_prompt=False)
     assert default_system.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
 
 

@@ -130,11 +130,14 @@ def test_a_warm_slot_the_cache_served_nothing_new_is_not_blamed_on_it() -> None:
 
 def test_a_plain_band_that_was_not_judged_pass_is_named_for_what_it_was() -> None:
     """llama-server -np 1 serves a band of 4 one request at a time: UNMEASURABLE, yet bitwise m=1."""
+    from dataclasses import replace
+
+    from batchproof.common.band import Band
     from batchproof.probe.pair import band_noise
 
     slot = {"divergence_at": 16, "completion_tokens": 16}
-    band = {"c": 4, "result": "UNMEASURABLE", "logprobs_bitwise_equal": True, "slots": [slot] * 4}
+    band = Band(c=4, result="UNMEASURABLE", logprobs_bitwise_equal=True, slots=[slot] * 4)
     assert band_noise([band], 4) == "the plain c=4 band is UNMEASURABLE, so its batching is not known to be exact"
-    assert band_noise([{**band, "result": "PASS"}], 4) is None
-    assert band_noise([{**band, "logprobs_bitwise_equal": False}], 4) == "the plain c=4 band already differs from m=1"
+    assert band_noise([replace(band, result="PASS")], 4) is None
+    assert band_noise([replace(band, logprobs_bitwise_equal=False)], 4) == "the plain c=4 band already differs from m=1"
     assert band_noise([band], 8) == "the plain c=8 band was not measured"

@@ -93,13 +93,13 @@ def test_chosen_logprob_is_given_even_when_outside_the_top_n(server) -> None:
 def test_ties_go_to_the_lower_token_id(server) -> None:
     """Two tokens with bit-identical logits, pushed to the top by the same logit_bias."""
     low, high = TIED_TOKEN_IDS
-    model = server.state.async_engine.engine.model
+    model = server.state.backend.engine.model
     rows = model.ops.embedding(model.lm_head, torch.tensor([low, high]))  # the rows as stored, dequantized
     assert torch.equal(rows[0], rows[1]) and low < high  # the premise: always equal logits
     bias = {str(high): 100, str(low): 100}  # dict order must not matter
     reply = post(server.url, CHAT, chat_body(ASCII_PROMPT, max_tokens=2, logprobs=True, top_logprobs=3,
                                              logit_bias=bias)).json()
-    engine_tokenizer = server.state.async_engine.engine.tokenizer
+    engine_tokenizer = server.state.backend.engine.tokenizer
     for entry in reply["choices"][0]["logprobs"]["content"]:
         first, second, third = entry["top_logprobs"]
         assert first["logprob"] == second["logprob"] > third["logprob"]
@@ -298,7 +298,7 @@ def test_keep_alive_connection_serves_several_requests(server) -> None:
 
 
 def _eos(server) -> tuple[int, str]:
-    tokenizer = server.state.async_engine.engine.tokenizer
+    tokenizer = server.state.backend.engine.tokenizer
     return tokenizer.ids.eos_id, tokenizer.spelling(tokenizer.ids.eos_id)
 
 

@@ -21,7 +21,7 @@ def _completion_tokens(server) -> float:
 
 def _check_aborted_and_recovered(server, lines_before: int, tokens_before: float) -> None:
     state = server.state
-    assert wait_until(lambda: state.async_engine.num_running == 0 and state.async_engine.num_waiting == 0,
+    assert wait_until(lambda: state.backend.num_running == 0 and state.backend.num_waiting == 0,
                       timeout=2.5), "the request kept its batch slot after the client left"
     assert wait_until(lambda: _log_lines(server) > lines_before, timeout=2.5), "no batch log line"
     assert _completion_tokens(server) - tokens_before < LONG / 4  # it stopped long before max_tokens
@@ -31,7 +31,7 @@ def _check_aborted_and_recovered(server, lines_before: int, tokens_before: float
 
 
 def _wait_idle(server) -> None:
-    assert wait_until(lambda: server.state.async_engine.num_running == 0, timeout=5)
+    assert wait_until(lambda: server.state.backend.num_running == 0, timeout=5)
 
 
 def test_stream_disconnect_aborts_the_request(server) -> None:
@@ -45,7 +45,7 @@ def test_stream_disconnect_aborts_the_request(server) -> None:
             received += line.startswith("data: ")
             if received == 3:
                 break
-    assert server.state.async_engine.num_running in (0, 1)
+    assert server.state.backend.num_running in (0, 1)
     _check_aborted_and_recovered(server, lines, tokens)
 
 

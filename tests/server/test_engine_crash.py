@@ -70,7 +70,7 @@ def test_sampling_values_below_float32_never_kill_the_engine(fields) -> None:
 
 def test_requests_after_the_engine_thread_died_are_refused_at_once(monkeypatch) -> None:
     with live_server(None, engine_settings=SMALL_ENGINE) as live:
-        doomed = live.state.async_engine.engine
+        doomed = live.state.backend.engine
         original = Engine.step
 
         def step(self):

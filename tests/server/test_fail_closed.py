@@ -122,7 +122,7 @@ def test_an_engine_error_fails_only_its_request_and_names_the_step(server, nan_l
     assert streamed_chat([*events[:-1], "[DONE]"])[1] == alone["choices"][0]["logprobs"]["content"][:2]
     legacy = post(server.url, "/v1/completions", {"prompt": ASCII_PROMPT, "max_tokens": 4, "seed": MARK})
     assert "step 2" in assert_error(legacy, 500)["message"]
-    assert server.state.async_engine.failure is None  # the engine itself carries on
+    assert server.state.backend.failure is None  # the engine itself carries on
     assert post(server.url, CHAT, body).json()["choices"] == alone["choices"]
 
 
@@ -146,7 +146,7 @@ def test_nan_logits_are_never_ranked_or_chosen(server, nan_logits_at_step) -> No
 
 
 def test_minus_infinity_is_sent_as_minus_9999(server, nan_logits_at_step) -> None:
-    tokenizer = server.state.async_engine.engine.tokenizer
+    tokenizer = server.state.backend.engine.tokenizer
     keep = [tokenizer.encode(" red")[0], tokenizer.encode(" blue")[0]]
 
     def only_two(row: torch.Tensor) -> None:

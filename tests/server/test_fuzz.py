@@ -92,7 +92,7 @@ def fuzz_server():
 
 def test_fuzz_the_openapi_schema_finds_no_server_error_and_no_hang(fuzz_server) -> None:
     schema_dict = httpx.get(fuzz_server.url + "/openapi.json").json()
-    engine = fuzz_server.state.async_engine.engine
+    engine = fuzz_server.state.backend.engine
     schema = schemathesis.openapi.from_dict(capped(schema_dict, fuzz_server.state.served_model_name,
                                                    engine.tokenizer.vocab_size))
     strategy = st.one_of(schema.as_strategy(generation_mode=GenerationMode.POSITIVE),
@@ -128,7 +128,7 @@ def test_fuzz_the_openapi_schema_finds_no_server_error_and_no_hang(fuzz_server) 
     assert any(s == 400 for _, s in statuses) and any(s == 422 for _, s in statuses)
     # The server is still whole: idle, healthy, and answering.
     state = fuzz_server.state
-    assert state.async_engine.failure is None and state.async_engine.num_running == 0
+    assert state.backend.failure is None and state.backend.num_running == 0
     assert httpx.get(fuzz_server.url + "/health").json() == {"status": "ok"}
     reply = httpx.post(fuzz_server.url + "/v1/chat/completions", timeout=30,
                        json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "logprobs": True})
@@ -187,4 +187,4 @@ def test_arbitrary_json_in_every_field_finds_no_server_error(fuzz_server) -> Non
     run()
     print(f"\narbitrary JSON: {sum(statuses.values())} requests; statuses {dict(statuses)}")
     assert statuses[200] >= 5 and statuses[400] + statuses[422] >= 50
-    assert fuzz_server.state.async_engine.failure is None
+    assert fuzz_server.state.backend.failure is None

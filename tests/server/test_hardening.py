@@ -16,7 +16,7 @@ from batchproof.engine.chat_template import ChatTemplate
 from batchproof.engine.engine import Engine
 from batchproof.engine.model.ops import kernels
 from batchproof.engine.sampling_params import SamplingParams
-from batchproof.server.runner import admit
+from batchproof.server.serving import admit
 from tests.helpers.http import assert_error, chat_body, parse_sse, post, wait_until
 from tests.helpers.live_server import live_server
 
@@ -107,7 +107,6 @@ def test_a_template_that_raises_is_a_400_naming_messages(engine, monkeypatch) ->
     strict = ChatTemplate("{% if messages[0]['role'] == 'system' %}{{ raise_exception('no system role here') }}"
                           "{% endif %}{% for m in messages %}{{ m['content'] }}{% endfor %}", "", "")
     monkeypatch.setattr(engine, "front", dataclasses.replace(engine.front, chat_template=strict))
-    monkeypatch.setattr(engine, "chat_template", strict)
     with live_server(engine) as live:
         body = {"messages": [{"role": "system", "content": "x"}, {"role": "user", "content": "hi"}], "max_tokens": 1}
         assert_error(post(live.url, CHAT, body), 400, param="messages", mentions=("no system role here",))
@@ -137,7 +136,7 @@ def test_a_faulting_step_fails_only_its_requests_and_the_server_goes_on(engine, 
             assert "injected fault" in events[-1]["error"]["message"] and "[DONE]" not in events
         else:
             assert_error(post(live.url, CHAT, body), 500, mentions=("injected fault",))
-        backend = live.state.async_engine
+        backend = live.state.backend
         # The faulted sequence gives its slot back at the next step (the engine steps until it has).
         assert wait_until(lambda: len(engine.scheduler.free_slots) == engine.config.max_batch, timeout=10)
         reply = post(live.url, CHAT, chat_body("hi", max_tokens=2, logprobs=True))
@@ -173,7 +172,7 @@ def test_admission_counts_requests_opened_but_not_yet_read(engine) -> None:
 
 def test_a_request_opened_and_never_read_is_aborted(engine) -> None:
     with live_server(engine) as live:
-        backend = live.state.async_engine
+        backend = live.state.backend
 
         async def open_and_drop() -> None:
             opened = await backend.open("dropped", [1, 2, 3], SamplingParams(max_tokens=200, ignore_eos=True))

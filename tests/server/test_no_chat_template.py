@@ -1,6 +1,8 @@
 """A model with no chat template (a base model whose vocabulary spells no chat format) serves
 /v1/completions and refuses the chat routes with an OpenAI error saying why, not a guessed format."""
 
+import dataclasses
+
 import httpx
 import pytest
 
@@ -17,9 +19,10 @@ def base_server(tmp_path_factory):
     path = tmp_path_factory.mktemp("base") / "base.gguf"
     write_tiny_gguf(path, TinySpec(num_layers=1), drop_keys=("tokenizer.chat_template",))
     engine = Engine(EngineConfig(model_path=path, device="cpu", max_batch=2))
-    assert "ChatML" in engine.chat_template_origin  # the tiny vocabulary spells ChatML: chosen by its tokens
+    assert "ChatML" in engine.front.chat_template_origin  # the tiny vocabulary spells ChatML: chosen by its tokens
     # a vocabulary without any chat format's tokens: the engine keeps no template and the reason
-    engine.chat_template, engine.chat_template_origin = choose_chat_template(None, set(), "", "")
+    template, origin = choose_chat_template(None, set(), "", "")
+    engine.front = dataclasses.replace(engine.front, chat_template=template, chat_template_origin=origin)
     with live_server(engine) as live:
         yield live
 

@@ -57,7 +57,7 @@ def test_the_openai_client_reads_cached_tokens_on_both_routes(server):
 
 
 def test_metrics_count_hits_and_misses_and_server_info_names_the_budget(server):
-    info = server.state.engine.info()["prefix_cache"]
+    info = server.state.client.info()["prefix_cache"]
     doc = httpx.get(server.url + "/v1/server_info", timeout=30).json()["prefix_cache"]
     assert doc["enabled"] is True and doc["block_size"] == info["block_size"] == 16
     assert doc["budget_bytes"] == 128 * 2**20

@@ -14,7 +14,7 @@ from batchproof.engine.sequence import RequestOutput
 from batchproof.server.errors import APIError
 from batchproof.server.formatting.chat import ChatFormatter
 from batchproof.server.formatting.completions import CompletionsFormatter, CompletionsShape
-from batchproof.server.runner import sse_events
+from batchproof.server.serving import sse_events
 from tests.helpers.http import CJK_PROMPT, EMOJI_PROMPT, chunks, joined_bytes, messages, post, stream
 from tests.helpers.live_server import live_server
 
@@ -150,7 +150,7 @@ def test_rescoring_without_the_prefix_cache(cached) -> None:
 def test_streamed_ids_ride_with_their_text(server, prompt) -> None:
     """Under the UTF-8 hold, a chunk's ids are exactly those of the entries it carries, and the
     stream's ids are the unstreamed reply's."""
-    tokenizer = server.state.engine.tokenizer
+    tokenizer = server.state.front.tokenizer
     body = {"messages": messages(prompt), "temperature": 0, "max_tokens": 12, "logprobs": True,
             "return_token_ids": True}
     whole = post(server.url, CHAT, body).json()

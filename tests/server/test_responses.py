@@ -271,7 +271,7 @@ def test_what_is_not_served_is_refused_by_name(server, fields, param, mention) -
 
 def test_a_disconnect_mid_stream_frees_its_slot(server) -> None:
     state = server.state
-    assert wait_until(lambda: state.async_engine.num_running == 0, timeout=5)
+    assert wait_until(lambda: state.backend.num_running == 0, timeout=5)
     body = {"input": ASCII_PROMPT, "max_output_tokens": 400, "ignore_eos": True, "stream": True, "temperature": 0}
     with httpx.stream("POST", f"{server.url}/v1/responses", json=body, timeout=30) as response:
         assert response.status_code == 200
@@ -280,7 +280,7 @@ def test_a_disconnect_mid_stream_frees_its_slot(server) -> None:
             received += line.startswith("data: ")
             if received == 6:
                 break
-    assert wait_until(lambda: state.async_engine.num_running == 0 and state.async_engine.num_waiting == 0,
+    assert wait_until(lambda: state.backend.num_running == 0 and state.backend.num_waiting == 0,
                       timeout=2.5), "the request kept its batch slot after the client left"
     after = post(server.url, "/v1/responses", {"input": "Say hi.", "max_output_tokens": 2, "include": LOGPROBS})
     assert after.status_code == 200 and len(after.json()["output"][0]["content"][0]["logprobs"]) == 2

@@ -24,7 +24,7 @@ def test_models_lists_the_served_model(server) -> None:
     (model,) = body["data"]
     assert model["id"] == server.state.served_model_name == MODEL_FILE.removesuffix(".gguf")
     assert model["object"] == "model" and model["owned_by"] == "batchproof"
-    assert model["max_model_len"] == server.state.async_engine.engine.max_model_len
+    assert model["max_model_len"] == server.state.front.max_model_len
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
     assert [m.id for m in client.models.list()] == [model["id"]]
 
@@ -47,7 +47,7 @@ def _value(samples: dict, name: str, **labels) -> float:
 def test_metrics_count_requests_tokens_and_latencies(server) -> None:
     response = httpx.get(server.url + "/metrics")
     assert response.headers["content-type"].startswith("text/plain")
-    assert wait_until(lambda: server.state.async_engine.num_running == 0)
+    assert wait_until(lambda: server.state.backend.num_running == 0)
     before = _scrape(server)
     reply = post(server.url, CHAT, chat_body(ASCII_PROMPT, max_tokens=5)).json()
     refused = post(server.url, CHAT, chat_body(ASCII_PROMPT, max_tokens=0))
@@ -78,13 +78,13 @@ def test_metrics_count_requests_tokens_and_latencies(server) -> None:
 
 
 def test_metrics_batch_size_sees_requests_decoded_together(server) -> None:
-    assert wait_until(lambda: server.state.async_engine.num_running == 0)
+    assert wait_until(lambda: server.state.backend.num_running == 0)
     before = _scrape(server)
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
         replies = list(pool.map(lambda _: post(server.url, CHAT, chat_body("hi", max_tokens=8, ignore_eos=True)),
                                 range(3)))
     assert all(r.status_code == 200 for r in replies)
-    assert wait_until(lambda: server.state.async_engine.num_running == 0)
+    assert wait_until(lambda: server.state.backend.num_running == 0)
     assert wait_until(lambda: _value(_scrape(server), "batchproof_batch_size_count")
                       > _value(before, "batchproof_batch_size_count"))
     after = _scrape(server)
@@ -98,7 +98,7 @@ def test_metrics_batch_size_sees_requests_decoded_together(server) -> None:
 @pytest.mark.parametrize("text", ["Hello, world!", "日本語 and 🎉", " leading space\nnew line",
                                   "<|im_start|>user"])
 def test_tokenize_prompt_equals_the_engine_and_round_trips(server, text) -> None:
-    engine = server.state.async_engine.engine
+    engine = server.state.backend.engine
     body = post(server.url, "/tokenize", {"prompt": text}).json()
     assert body["tokens"] == engine.tokenizer.encode(text) and body["count"] == len(body["tokens"])
     assert body["max_model_len"] == engine.max_model_len
@@ -108,7 +108,7 @@ def test_tokenize_prompt_equals_the_engine_and_round_trips(server, text) -> None
 
 @pytest.mark.parametrize("content", [ASCII_PROMPT, CJK_PROMPT, EMOJI_PROMPT])
 def test_tokenize_messages_equals_the_chat_prompt(server, content) -> None:
-    engine = server.state.async_engine.engine
+    engine = server.state.backend.engine
     body = post(server.url, "/tokenize", {"messages": messages(content)}).json()
     assert body["tokens"] == engine.chat_prompt_ids(messages(content))
     reply = post(server.url, CHAT, chat_body(content, max_tokens=1)).json()
@@ -127,7 +127,7 @@ def test_tokenize_messages_with_a_developer_message_equals_the_chat_prompt(serve
 
 
 def test_detokenize_special_and_byte_tokens(server) -> None:
-    tokenizer = server.state.async_engine.engine.tokenizer
+    tokenizer = server.state.backend.engine.tokenizer
     eos = tokenizer.ids.eos_id
     assert post(server.url, "/detokenize", {"tokens": [eos]}).json()["prompt"] == tokenizer.spelling(eos)
     halves = post(server.url, "/tokenize", {"prompt": "🎉"}).json()["tokens"]
@@ -138,7 +138,7 @@ def test_detokenize_special_and_byte_tokens(server) -> None:
 
 def test_server_info_reports_what_shapes_the_numbers(server) -> None:
     info = httpx.get(server.url + "/v1/server_info").json()
-    engine = server.state.async_engine.engine
+    engine = server.state.backend.engine
     assert info["name"] == "batchproof" and info["version"] == batchproof.__version__
     assert re.fullmatch(r"[0-9a-f]{64}", info["build_sha256"])
     assert info["host"] == socket.gethostname()

@@ -47,9 +47,9 @@ def test_full_queue_is_429_with_retry_after(engine) -> None:
     with live_server(engine, max_queue=1) as live, concurrent.futures.ThreadPoolExecutor(3) as pool:
         state = live.state
         first = pool.submit(post, live.url, CHAT, long_prompt)
-        assert wait_until(lambda: state.async_engine.num_running == 1, timeout=10)
+        assert wait_until(lambda: state.backend.num_running == 1, timeout=10)
         second = pool.submit(post, live.url, CHAT, chat_body("hi", max_tokens=1))
-        assert wait_until(lambda: state.async_engine.num_waiting == 1, timeout=10)
+        assert wait_until(lambda: state.backend.num_waiting == 1, timeout=10)
         refused = post(live.url, CHAT, chat_body("hi", max_tokens=1))
         refused_legacy = post(live.url, "/v1/completions", {"prompt": "hi", "max_tokens": 1})
         assert first.result().status_code == 200 and second.result().status_code == 200
@@ -68,7 +68,7 @@ def test_request_deadline_is_504_and_frees_the_slot(engine) -> None:
         error = assert_error(post(live.url, CHAT, chat_body(ASCII_PROMPT, max_tokens=200, ignore_eos=True)), 504,
                              mentions=("1 s",))
         assert error["type"] == "timeout_error"
-        assert wait_until(lambda: state.async_engine.num_running == 0, timeout=3)
+        assert wait_until(lambda: state.backend.num_running == 0, timeout=3)
 
         response = httpx.post(live.url + CHAT, json=chat_body(ASCII_PROMPT, max_tokens=200, ignore_eos=True,
                                                               stream=True, logprobs=True), timeout=30)
@@ -77,11 +77,11 @@ def test_request_deadline_is_504_and_frees_the_slot(engine) -> None:
         assert "[DONE]" not in events
         assert set(events[-1]) == {"error"} and events[-1]["error"]["type"] == "timeout_error"
         assert all("choices" in e for e in events[:-1])
-        assert wait_until(lambda: state.async_engine.num_running == 0, timeout=3)
+        assert wait_until(lambda: state.backend.num_running == 0, timeout=3)
 
         legacy = post(live.url, "/v1/completions", {"prompt": "hi", "max_tokens": 200, "ignore_eos": True})
         assert_error(legacy, 504, mentions=("1 s",))
-        assert wait_until(lambda: state.async_engine.num_running == 0, timeout=3)
+        assert wait_until(lambda: state.backend.num_running == 0, timeout=3)
         assert post(live.url, CHAT, chat_body("hi", max_tokens=1)).status_code == 200
 
 

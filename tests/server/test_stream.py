@@ -97,7 +97,7 @@ def _is_incomplete(raw: bytes) -> bool:
 
 def test_a_lone_lead_byte_forced_by_logit_bias(server) -> None:
     """logit_bias forces the single byte 0xF0 (an emoji's first byte) for every token."""
-    tokenizer = server.state.async_engine.engine.tokenizer
+    tokenizer = server.state.backend.engine.tokenizer
     (lead,) = [i for i in range(tokenizer.vocab_size) if tokenizer.decode_bytes(i) == b"\xf0"]
     body = chat_body(EMOJI_PROMPT, max_tokens=3, logprobs=True, top_logprobs=2, logit_bias={str(lead): 100})
     whole = post(server.url, CHAT, body).json()["choices"][0]
@@ -112,7 +112,7 @@ def test_a_lone_lead_byte_forced_by_logit_bias(server) -> None:
 
 def test_the_bytes_of_an_emoji_forced_in_any_order(server) -> None:
     """logit_bias lifts the four bytes of 🎉 above everything: a reply of lone bytes, valid or not."""
-    tokenizer = server.state.async_engine.engine.tokenizer
+    tokenizer = server.state.backend.engine.tokenizer
     by_bytes = {tokenizer.decode_bytes(i): i for i in range(tokenizer.vocab_size)}
     emoji = "🎉".encode()
     ids = [by_bytes[bytes([b])] for b in emoji]

@@ -13,7 +13,7 @@ def test_tokenizer_info_names_the_special_tokens(server, engine) -> None:
     assert info["eos_token_id"] == ids.eos_id and info["bos_token_id"] == ids.bos_id
     assert info["bos_token"] == "<|im_start|>" and info["pad_token_id"] == ids.pad_id
     assert info["model_max_length"] == engine.max_model_len
-    assert info["chat_template"] == engine.chat_template.source
+    assert info["chat_template"] == engine.front.chat_template.source
     for name in ("bos", "eos", "pad"):  # each spelling tokenizes back to its id, as lm-eval relies on
         tokens = post(server.url, "/tokenize", {"prompt": info[f"{name}_token"], "add_special_tokens": False})
         assert tokens.json()["tokens"] == [info[f"{name}_token_id"]]

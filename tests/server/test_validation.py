@@ -79,7 +79,7 @@ def _prompt_len(server, content: str) -> int:
 
 
 def test_prompt_plus_max_tokens_beyond_the_context_is_400_with_the_counts(server) -> None:
-    context = server.state.async_engine.engine.max_model_len
+    context = server.state.front.max_model_len
     prompt_len = _prompt_len(server, "hi")
     asked = context - prompt_len + 1
     error = assert_error(post(server.url, CHAT, chat_body("hi", max_tokens=asked)), 400, param="max_tokens",
@@ -90,7 +90,7 @@ def test_prompt_plus_max_tokens_beyond_the_context_is_400_with_the_counts(server
 
 
 def test_prompt_beyond_the_context_is_400_with_the_counts(server) -> None:
-    context = server.state.async_engine.engine.max_model_len
+    context = server.state.front.max_model_len
     content = "hi " * context
     prompt_len = _prompt_len(server, content)
     assert prompt_len > context

@@ -6,6 +6,7 @@ from collections import Counter
 
 from batchproof.check.contract import BlessedModel, Contract
 from batchproof.check.witness import IDENTITY_KEYS
+from batchproof.common.band import Band
 
 _ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
 
@@ -23,8 +24,8 @@ def _near_tie(margin: float, contract: Contract) -> bool:
     return 0 <= margin < contract.near_tie_eps
 
 
-def _copies(bands: list[dict], c: int) -> list[dict]:
-    return [band for band in bands if band["c"] == c]
+def _copies(bands: list[Band], c: int) -> list[Band]:
+    return [band for band in bands if band.c == c]
 
 
 def _sha_matches(model: BlessedModel, sha256: str) -> bool:
@@ -53,9 +54,9 @@ def identity_reasons(witness: dict) -> list[str]:
     return [f"S4: identity field {key} missing" for key in IDENTITY_KEYS if _blank(witness.get(key))]
 
 
-def _judged_slots(band: dict) -> list[dict]:
+def _judged_slots(band: Band) -> list[dict]:
     """The slots that carry their own divergence_at: each is judged against its own reference."""
-    return [slot for slot in band["slots"] if slot["divergence_at"] is not None]
+    return [slot for slot in band.slots if slot["divergence_at"] is not None]
 
 
 def divergence_reason(name: str, declared_min: int, at: int, margin: float | None, contract: Contract) -> str | None:
@@ -72,10 +73,10 @@ def divergence_reason(name: str, declared_min: int, at: int, margin: float | Non
     )
 
 
-def agreement_reasons(band: dict, contract: Contract) -> list[str]:
+def agreement_reasons(band: Band, contract: Contract) -> list[str]:
     """S5: agreement with m=1 to the band's own declared_min, or a recorded near-tie; per slot
     when the slots record their own divergence (mixed bands: one reference per prompt)."""
-    c, declared_min, at = band["c"], band["declared_min"], band["divergence_at"]
+    c, declared_min, at = band.c, band.declared_min, band.divergence_at
     if declared_min is None:
         return [f"S5: c={c} declared_min not recorded, so agreement with m=1 cannot be checked"]
     slots = _judged_slots(band)
@@ -88,31 +89,31 @@ def agreement_reasons(band: dict, contract: Contract) -> list[str]:
         return [reason for reason in found if reason is not None]
     if at is None:
         # A band that did not PASS already has its S6 reason; only a PASS must carry the index.
-        if band["result"] == "PASS":
+        if band.result == "PASS":
             return [f"S5: c={c} divergence_at not recorded on a PASS band, so agreement with m=1 is unmeasured"]
         return []
-    reason = divergence_reason(f"c={c}", declared_min, at, band["top2_margin_at_divergence"], contract)
+    reason = divergence_reason(f"c={c}", declared_min, at, band.top2_margin_at_divergence, contract)
     return [] if reason is None else [reason]
 
 
-def logprob_reason(band: dict, contract: Contract) -> str | None:
+def logprob_reason(band: Band, contract: Contract) -> str | None:
     """Bitwise logprobs (an optional clause): tokens flip only at near-ties, logprobs show
     a batch-variant path on every request. When the m=1 reference's own runs already differ,
     the difference is not batching's: under a contract that requires a stable reference the
     reference's reason says so (once, naming it, not every band); otherwise it is labelled."""
-    if not contract.require_bitwise_logprobs or band["logprobs_bitwise_equal"] is True:
+    if not contract.require_bitwise_logprobs or band.logprobs_bitwise_equal is True:
         return None
-    is_unattributable = band["logprobs_attributable"] is False
+    is_unattributable = band.logprobs_attributable is False
     if is_unattributable and contract.require_stable_reference:
         return None
-    c, need = band["c"], "the contract requires logprobs bitwise equal to m=1's"
+    c, need = band.c, "the contract requires logprobs bitwise equal to m=1's"
     if is_unattributable:
         need = f"not attributable to batching (the m=1 reference's own runs differ); {need}"
-    if band["logprobs_bitwise_equal"] is None:
+    if band.logprobs_bitwise_equal is None:
         return f"logprobs: c={c} logprob parity with m=1 not recorded; {need}"
-    diff = band["logprob_max_abs_diff"]
+    diff = band.logprob_max_abs_diff
     size = "by an unrecorded amount" if diff is None else f"by up to {diff:.3g}"
-    measured = [s for s in band["slots"] if s["logprob_max_abs_diff"] is not None]
+    measured = [s for s in band.slots if s["logprob_max_abs_diff"] is not None]
     worst = max(measured, key=lambda s: s["logprob_max_abs_diff"], default=None)
     where = ""
     if worst is not None and worst["logprobs_bitwise_equal"] is False:
@@ -125,25 +126,25 @@ def _or_unknown(m: int | None) -> str:
     return "unknown" if m is None else str(m)
 
 
-def fleet_shape_reason(band: dict) -> str | None:
+def fleet_shape_reason(band: Band) -> str | None:
     """S3 on a fleet, where a band of c is split over the replicas: each replica must have
     batched all the band's slots it served together (m = its share), as a single server must
     batch all c. The band's m_formed, the largest batch one replica formed, is then about c/N."""
-    served = Counter(slot["replica"] for slot in band["slots"])
-    formed = band["m_formed_by_replica"]
+    served = Counter(slot["replica"] for slot in band.slots)
+    formed = band.m_formed_by_replica
     wrong = [
         f"replica {replica} formed m={_or_unknown(formed.get(replica, 0))} for its {served[replica]} slots"
         for replica in dict.fromkeys([*served, *formed])
         if formed.get(replica, 0) != served[replica]
     ]
-    return None if not wrong else f"S3: c={band['c']} on the fleet: {', '.join(wrong)} (the shape was not served)"
+    return None if not wrong else f"S3: c={band.c} on the fleet: {', '.join(wrong)} (the shape was not served)"
 
 
-def shape_reason(band: dict, is_fleet: bool) -> str | None:
+def shape_reason(band: Band, is_fleet: bool) -> str | None:
     """S3: the band's shape was served (on a fleet whose slots name their replicas, per replica)."""
-    c, m_formed = band["c"], band["m_formed"]
-    replicas = [slot["replica"] for slot in band["slots"]]
-    if is_fleet and band["m_formed_by_replica"] is not None and replicas and None not in replicas:
+    c, m_formed = band.c, band.m_formed
+    replicas = [slot["replica"] for slot in band.slots]
+    if is_fleet and band.m_formed_by_replica is not None and replicas and None not in replicas:
         return fleet_shape_reason(band)
     if m_formed is None:
         return f"S3: c={c} m_formed not recorded (the shape is not shown)"
@@ -152,9 +153,9 @@ def shape_reason(band: dict, is_fleet: bool) -> str | None:
     return None
 
 
-def copy_reasons(band: dict, contract: Contract, is_fleet: bool = False) -> list[str]:
+def copy_reasons(band: Band, contract: Contract, is_fleet: bool = False) -> list[str]:
     """S6, S3, the floor and S5 for one recorded copy of a band."""
-    c, result, declared_min = band["c"], band["result"], band["declared_min"]
+    c, result, declared_min = band.c, band.result, band.declared_min
     reasons = []
     if result is None:
         reasons.append(f"S6: c={c} result not recorded")
@@ -173,7 +174,7 @@ def copy_reasons(band: dict, contract: Contract, is_fleet: bool = False) -> list
     return reasons if logprobs is None else [*reasons, logprobs]
 
 
-def band_reasons(bands: list[dict], contract: Contract, is_fleet: bool = False) -> list[str]:
+def band_reasons(bands: list[Band], contract: Contract, is_fleet: bool = False) -> list[str]:
     """Every contract band, once, each copy checked: a FAIL copy is never masked by a PASS."""
     reasons = []
     for c in contract.bands:
@@ -193,17 +194,17 @@ def _leans(declared_min: int | None, at: int | None, margin: float | None, contr
     return at < declared_min and _near_tie(margin, contract)
 
 
-def leans_on_near_tie(band: dict, contract: Contract) -> bool:
+def leans_on_near_tie(band: Band, contract: Contract) -> bool:
     """True when S5 admits `band` (or one of its judged slots) only through the near-tie clause."""
     slots = _judged_slots(band)
     if slots:
         return any(
-            _leans(band["declared_min"], s["divergence_at"], s["top2_margin_at_divergence"], contract) for s in slots
+            _leans(band.declared_min, s["divergence_at"], s["top2_margin_at_divergence"], contract) for s in slots
         )
-    return _leans(band["declared_min"], band["divergence_at"], band["top2_margin_at_divergence"], contract)
+    return _leans(band.declared_min, band.divergence_at, band.top2_margin_at_divergence, contract)
 
 
-def near_tie_cap_reasons(bands: list[dict], contract: Contract) -> list[str]:
+def near_tie_cap_reasons(bands: list[Band], contract: Contract) -> list[str]:
     """The cap: c>1 bands share one batched path, so many near-ties point at the path."""
     leaning = [
         band
@@ -214,19 +215,19 @@ def near_tie_cap_reasons(bands: list[dict], contract: Contract) -> list[str]:
     ]
     if len(leaning) <= contract.near_tie_cap:
         return []
-    names = ", ".join(f"c={band['c']}" for band in leaning)
+    names = ", ".join(f"c={band.c}" for band in leaning)
     return [
         f"near-tie cap: {len(leaning)} batched bands ({names}) are admitted only by a near-tie "
         f"margin; the contract allows {contract.near_tie_cap}"
     ]
 
 
-def _rate(band: dict) -> float | None:
-    rate = band["decode_tok_s"]
+def _rate(band: Band) -> float | None:
+    rate = band.decode_tok_s
     return rate if rate is not None and rate > 0 else None
 
 
-def decode_reasons(bands: list[dict], contract: Contract) -> list[str]:
+def decode_reasons(bands: list[Band], contract: Contract) -> list[str]:
     """S7: per-request decode at c=4 keeps at least the contract's share of c=1's."""
     ones, fours = _copies(bands, 1), _copies(bands, 4)
     # A missing or doubled band already has its reason, and which copy to read is undefined.

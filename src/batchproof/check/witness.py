@@ -3,10 +3,13 @@
 # Only the keys the shape check judges are read; every other key (env, notes, slots,
 # sampler, aprender's intra_agree_to ...) is ignored. aprender's v2 has no
 # top2_margin_at_divergence and no decode_tok_s: they read as null, so a v2 witness is
-# judged, never refused, and neither S5's near-tie clause nor S7 can admit it.
+# judged, never refused, and neither S5's near-tie clause nor S7 can admit it. A band is read
+# into the Band the probe writes (common/band.py), its unjudged keys null.
 
 import json
 import math
+
+from batchproof.common.band import Band
 
 SHOWN_CHARS = 40  # of a value quoted in a message
 IDENTITY_KEYS = ("binary_sha256", "commit", "host", "prompt_sha256")
@@ -14,7 +17,7 @@ INTEGER = "an integer"
 NUMBER = "a number"
 STRING = "a string"
 BOOLEAN = "true or false"
-# Band key -> the JSON type it must have (or null).
+# Band key -> the JSON type it must have (or null); the Band's other keys are not judged and read as null.
 BAND_KEYS = {
     "result": STRING,
     "m_formed": INTEGER,
@@ -112,19 +115,21 @@ def _child(where: str, key: str) -> str:
     return f"{where}.{name}" if where else name
 
 
-def _band(index: int, value: object) -> dict:
+def _band(index: int, value: object) -> Band:
     where = f"bands[{index}]"
     if not isinstance(value, dict):
         raise WitnessError(f"{where} must be an object, got {shown(value)}")
     c = value.get("c")
     if not _is_int(c) or c < 0:
         raise WitnessError(f"{where}.c must be a non-negative integer, got {shown(c)}")
-    band = {"c": c}
-    for key, kind in BAND_KEYS.items():
-        band[key] = typed_value(value.get(key), kind, f"{where}.{key}")
-    band["m_formed_by_replica"] = _per_replica(value.get("m_formed_by_replica"), f"{where}.m_formed_by_replica")
-    band["slots"] = _slots(value.get("slots"), f"{where}.slots")
-    return band
+    typed = {key: typed_value(value.get(key), kind, f"{where}.{key}") for key, kind in BAND_KEYS.items()}
+    return Band(
+        c=c,
+        **typed,
+        m_formed_by_replica=_per_replica(value.get("m_formed_by_replica"), f"{where}.m_formed_by_replica"),
+        slots=_slots(value.get("slots"), f"{where}.slots"),
+        key_order=tuple(value),
+    )
 
 
 def _per_replica(value: object, where: str) -> dict | None:
@@ -170,7 +175,7 @@ def _fleet(value: object) -> dict | None:
     return fleet
 
 
-def _bands(value: object, has_finding: bool = False) -> list[dict]:
+def _bands(value: object, has_finding: bool = False) -> list[Band]:
     """The bands; none is unjudgeable, unless the witness records a fail-open, which is judged
     (NOT ADMISSIBLE) without any band: a server that answers without logprobs has none to show."""
     if value is not None and not isinstance(value, list):

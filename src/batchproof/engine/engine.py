@@ -20,12 +20,14 @@ from batchproof.engine.model.transformer import Transformer
 from batchproof.engine.model_front import ModelFront
 from batchproof.engine.outputs import OutputProcessor
 from batchproof.engine.prefix_cache import PrefixCache
+from batchproof.engine.prefix_reuse import PrefixReuse
 from batchproof.engine.runner import ModelRunner
 from batchproof.engine.sampler import logit_bias_row
 from batchproof.engine.sampling_params import SamplingParams
 from batchproof.engine.scheduler import ScheduledStep, Scheduler
 from batchproof.engine.sequence import RequestOutput, Sequence, Status
 from batchproof.engine.text_stream import TextStream
+from batchproof.engine.tokenizer import Tokenizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PREFIX_BLOCK_TOKENS = 16  # vLLM's default block: fine enough that a shared system prompt loses < 16 tokens
@@ -82,10 +84,8 @@ class Engine:
         self.weights = config.weights if isinstance(ops, KernelOps) else "float32"
         model_file = read_model(self.model_path, self._runs_natively)
         self.spec: ModelSpec = model_file.spec
+        # The model's facts, held once: the tokenizer, chat format and context length are read from it.
         self.front = ModelFront.for_model_file(model_file, config)
-        self.tokenizer = self.front.tokenizer
-        self.chat_template, self.chat_template_origin = self.front.chat_template, self.front.chat_template_origin
-        self.max_model_len = self.front.max_model_len
         with torch.inference_mode():
             self.model = Transformer.from_model_file(model_file, self.device, self.dtype, self.max_model_len, ops)
         del model_file
@@ -95,9 +95,8 @@ class Engine:
         self.model_sha256 = model_sha256(self.model_path)
         self.prefix_cache = self._prefix_cache()
         self.runner = ModelRunner(self.model, self.cache, config.max_batch, config.max_prefill_tokens,
-                                  self.prefix_cache)
-        self.scheduler = Scheduler(config.max_batch, config.max_prefill_tokens, self.runner.retire,
-                                   config.prefill_share)
+                                  PrefixReuse(self.prefix_cache, self.cache))
+        self.scheduler = Scheduler(config.max_batch, config.max_prefill_tokens, config.prefill_share)
         self.end_ids = self.tokenizer.ids.end_of_turn_ids
         self.load_time_s = time.perf_counter() - started
         self._sequences: dict[str, Sequence] = {}
@@ -137,7 +136,8 @@ class Engine:
         # the model's id, cannot be mistaken for the new one's.
         self.model = self.runner.model = prepared.model
         self.model_path, self.model_sha256 = prepared.path, prepared.sha256
-        self.prefix_cache = self.runner.prefix_cache = self._prefix_cache()
+        self.prefix_cache = self._prefix_cache()
+        self.runner.reuse = PrefixReuse(self.prefix_cache, self.cache)
 
     def _prefix_cache(self) -> PrefixCache | None:
         """Only where a position's bits cannot depend on who computed it (our kernels)."""
@@ -199,8 +199,7 @@ class Engine:
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
         scheduled = self.scheduler.schedule()
-        if self.prefix_cache is not None:
-            self.prefix_cache.make_room(self._live_kv_bytes())
+        self.runner.release(scheduled.retired, self.scheduler.running)
         outputs = self.outputs.retired(scheduled.retired)
         self._stepping = scheduled.prefill or scheduled.decode
         if self._stepping:
@@ -221,10 +220,6 @@ class Engine:
         self._stepping = []
         message = f"the engine step failed: {type(error).__name__}: {error}"
         return [self.outputs.fail(seq, message) for seq in failed]
-
-    def _live_kv_bytes(self) -> int:
-        """What the running sequences' keys and values take (each holds its positions so far)."""
-        return sum(s.num_tokens for s in self.scheduler.running) * self.cache.bytes_per_token
 
     def _forward(self, scheduled: ScheduledStep) -> tuple[list[Sequence], torch.Tensor, list]:
         """The sequences whose next token this step chooses (every decoding one, or the prompts
@@ -254,6 +249,14 @@ class Engine:
                                self.outputs.take_num_tokens())
         self._batch_start, self._batch_max = None, 0
         return summary
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.front.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.front.max_model_len
 
     # --- conveniences for the CLI and tests ---------------------------------------------
 
@@ -294,7 +297,7 @@ class Engine:
             "batch_invariant": self.config.is_batch_invariant,
             "decode_path": self.model.ops.decode_path,
             "numerics": self.model.ops.numerics,
-            "chat_template": self.chat_template_origin,
+            "chat_template": self.front.chat_template_origin,
             "weights": self.weights,
             "weights_bytes": self.model.weights_nbytes,
             "prefix_cache": self.prefix_cache_info(),

@@ -1,7 +1,6 @@
 """Iteration-level scheduling in plain Python: who is prefilled, who decodes, which slot."""
 
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from batchproof.engine.prefill_pacer import PrefillPacer
@@ -12,15 +11,15 @@ from batchproof.engine.sequence import Sequence, Status
 class ScheduledStep:
     prefill: list[Sequence]  # prompts to feed this step
     decode: list[Sequence]
-    retired: list[Sequence]  # aborted or finished since the last step; their slots are free again
+    # Aborted or finished since the last step: their slots are free again, each still named by
+    # seq.slot until the runner empties it (ModelRunner.release, before this step writes any slot).
+    retired: list[Sequence]
     prefill_tokens: list[int] = field(default_factory=list)  # how many of each prompt's tokens
 
 
 class Scheduler:
-    def __init__(self, max_batch: int, max_prefill_tokens: int,
-                 on_retire: Callable[[Sequence], None] | None = None, prefill_share: float = 0.5) -> None:
+    def __init__(self, max_batch: int, max_prefill_tokens: int, prefill_share: float = 0.5) -> None:
         self.max_batch = max_batch
-        self.on_retire = on_retire  # sees each sequence while its slot still holds its keys (then frees them)
         self.pacer = PrefillPacer(prefill_share, max_prefill_tokens)
         self._prefilled_last = False
         self.waiting: deque[Sequence] = deque()
@@ -57,10 +56,7 @@ class Scheduler:
     def _retire(self) -> list[Sequence]:
         retired = [s for s in self.running if s.is_aborted or s.status is Status.FINISHED]
         for seq in retired:
-            if self.on_retire is not None:
-                self.on_retire(seq)
-            self.free_slots.append(seq.slot)
-            seq.slot = None
+            self.free_slots.append(seq.slot)  # seq.slot still names it, for the runner to empty (release)
             seq.status = Status.FINISHED
         self.running = [s for s in self.running if s.status is Status.RUNNING]
         aborted_waiting = [s for s in self.waiting if s.is_aborted]

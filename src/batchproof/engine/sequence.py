@@ -4,7 +4,6 @@ import enum
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -43,6 +42,16 @@ class RequestOutput:
 
 
 @dataclass
+class PrefillProgress:
+    """A prompt part-way through prefill: what the steps so far computed."""
+
+    begin: int  # the first position computed (before it: blocks from the prefix cache)
+    ids: torch.Tensor  # the prompt's ids [n]
+    computed: list[torch.Tensor]  # the hidden rows of each chunk since `begin`
+    scored: list  # prompt records so far (when prompt logprobs are asked for)
+
+
+@dataclass
 class Sequence:
     request_id: str
     prompt_ids: list[int]
@@ -57,7 +66,7 @@ class Sequence:
     seen_ids: set[int] = field(default_factory=set)
     is_aborted: bool = False
     num_computed: int = 0  # leading positions whose keys and values are in the slot
-    prefill: Any = None  # while the prompt is part-way through prefill: the runner's PrefillProgress
+    prefill: PrefillProgress | None = None  # while the prompt is part-way through prefill
     num_cached_tokens: int = 0  # of the prompt's, copied from the prefix cache
     finish_reason: str | None = None
     error: str | None = None

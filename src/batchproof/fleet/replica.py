@@ -24,7 +24,7 @@ from batchproof.server.batch_log import BatchLog
 from batchproof.server.errors import APIError
 from batchproof.server.info import build_sha256, numerics_id
 from batchproof.server.metrics import Metrics
-from batchproof.server.runner import admit
+from batchproof.server.serving import admit
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,6 @@ the request there, names the replica, and turns a replica's death into a clean e
 import asyncio
 import threading
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import ray
 
@@ -33,11 +32,6 @@ class FleetFront:
 
     def __init__(self, front: ModelFront, replicas: "ReplicaReports") -> None:
         self.front = front
-        self.tokenizer = front.tokenizer
-        self.chat_template = front.chat_template
-        self.chat_template_origin = front.chat_template_origin
-        self.max_model_len = front.max_model_len
-        self.model_path: Path = front.model_path
         self.replicas = replicas
 
     def chat_prompt_ids(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:

@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 
+from batchproof.probe.mode import Mode
 from batchproof.probe.prompts import BUILTIN_PROMPTS, load_prompts
 from batchproof.probe.request import ROUTES, Route
 
@@ -138,6 +139,8 @@ class ProbeConfig:
         metadata=_flag("--settle", "seconds a band waits for its batch record (default 2)", "S", float),
     )
     poll_s: float = 0.05  # how often /slots, /metrics and the log are read
+    # What --mixed and --fleet choose, chosen once: the run asks it instead of the flags.
+    mode: Mode = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         try:
@@ -161,6 +164,7 @@ class ProbeConfig:
             raise ValueError("--prompt is for identical requests; give --mixed --prompts FILE instead")
         if self.is_fleet and (self.is_cache or self.is_stream_parity):
             raise ValueError("--cache and --stream-parity measure one server; give them without --fleet")
+        object.__setattr__(self, "mode", Mode.chosen(self.is_mixed, self.is_fleet))
         protected = sorted(set(self.extra_body or {}) & PROTOCOL_FIELDS)
         if protected:
             raise ValueError(f"--extra-body must not set {protected[0]!r}: the matrix and the probe decide it")

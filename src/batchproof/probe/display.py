@@ -11,7 +11,13 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
+from batchproof.common.band import Band, read_band
 from batchproof.common.printable import printable
+from batchproof.probe.config import ProbeConfig
+from batchproof.probe.fleet import Listed
+from batchproof.probe.m_formed import MFormedWatcher
+from batchproof.probe.mode import Mode
+from batchproof.probe.verdict import ReferenceJudgement
 
 
 class ProgressDisplay:
@@ -70,54 +76,52 @@ def _or_dash(value: Any, spec: str = "") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def _additions(band: dict[str, Any]) -> str:
+def _additions(band: Band) -> str:
     """The v3 additions, when the band has them: worst slot, logprob parity, stream modes."""
     parts = []
+    slots = band.slots or []
     parted = any(
-        s.get("divergence_at") is not None and s["divergence_at"] < (s.get("completion_tokens") or 0)
-        for s in band.get("slots", [])
+        s.get("divergence_at") is not None and s["divergence_at"] < (s.get("completion_tokens") or 0) for s in slots
     )
-    if parted and band.get("divergence_slot") is not None:
-        parts.append(f"slot={band['divergence_slot']}")
-    if "logprobs_bitwise_equal" in band:
-        equal, diff = band["logprobs_bitwise_equal"], band.get("logprob_max_abs_diff")
+    if parted and band.divergence_slot is not None:
+        parts.append(f"slot={band.divergence_slot}")
+    if "logprobs_bitwise_equal" in band.keys():
+        equal, diff = band.logprobs_bitwise_equal, band.logprob_max_abs_diff
         parts.append("logprobs=bitwise" if equal else f"logprobs={'differ' if equal is False else '?'}"
                      f" max_abs_diff={_or_dash(diff, '.3g')}")
-    modes = Counter(s["stream_mode"] for s in band.get("slots", []) if "stream_mode" in s)
+    modes = Counter(s["stream_mode"] for s in slots if "stream_mode" in s)
     if modes:
         parts.append("streams=" + ",".join(f"{n} {mode}" for mode, n in sorted(modes.items())))
     return "".join(f" {part}" for part in parts)
 
 
-def served_by(band: dict[str, Any]) -> str:
-    """Which replicas served a band's slots, each with its largest batch when known: `a:2(m=2), b:2(m=2)`."""
-    counts = Counter(s.get("replica") or "(unnamed)" for s in band.get("slots", []))
-    largest = band.get("m_formed_by_replica") or {}
-    return ", ".join(
-        f"{replica}:{n}" + (f"(m={largest[replica]})" if largest.get(replica) is not None else "")
-        for replica, n in sorted(counts.items())  # by id: the slots' arrival order is the network's
-    )
-
-
-def band_line(band: dict[str, Any], is_fleet: bool = False) -> str:
-    source = f" ({band['m_formed_source']})" if band.get("m_formed_source") else ""
-    replicas = f" replicas={served_by(band)}" if is_fleet else ""
-    rate = band.get("decode_tok_s")
-    reason = f" ({band['reason']})" if band.get("reason") else ""
+def band_line(band: Band, mode: Mode) -> str:
+    """A band's line in the report; on a fleet, who served its slots."""
+    source = f" ({band.m_formed_source})" if band.m_formed_source else ""
+    served = mode.server.served(band)
+    replicas = f" replicas={served}" if served is not None else ""
+    reason = f" ({band.reason})" if band.reason else ""
     return (
-        f"  c={band['c']} m_formed={band['m_formed']}{source} {band['result']} "
-        f"intra_agree_to={_or_dash(band['intra_agree_to'])} "
-        f"divergence_at={_or_dash(band['divergence_at'])} "
-        f"top2_margin={_or_dash(band.get('top2_margin_at_divergence'), '.4g')} "
-        f"decode={_or_dash(rate, '.1f')} tok/s{_additions(band)}{replicas}{reason}"
+        f"  c={band.c} m_formed={band.m_formed}{source} {band.result} "
+        f"intra_agree_to={_or_dash(band.intra_agree_to)} "
+        f"divergence_at={_or_dash(band.divergence_at)} "
+        f"top2_margin={_or_dash(band.top2_margin_at_divergence, '.4g')} "
+        f"decode={_or_dash(band.decode_tok_s, '.1f')} tok/s{_additions(band)}{replicas}{reason}"
     )
 
 
-def conflict_lines(band: dict[str, Any]) -> list[str]:
+def band_done_line(band: Band, num_back: int, took_s: float, mode: Mode) -> str:
+    """A band's progress line when its requests are back; on a fleet, who served them."""
+    served = mode.server.served(band)
+    on = f", on {served}" if served is not None else ""
+    return f"band c={band.c}: {num_back}/{band.c} back in {took_s:.1f}s, m_formed={band.m_formed}{on}, {band.result}"
+
+
+def conflict_lines(band: Band) -> list[str]:
     """A stream whose declared mode its arrival times contradict, one line each."""
     return [
-        f"    c={band['c']} slot {s['i']}: {s['stream_mode_conflict']}"
-        for s in band.get("slots", [])
+        f"    c={band.c} slot {s['i']}: {s['stream_mode_conflict']}"
+        for s in band.slots or []
         if s.get("stream_mode_conflict")
     ]
 
@@ -184,17 +188,58 @@ def report_lines(witness: dict[str, Any]) -> list[str]:
     reference = witness["reference"]
     stable = "stable" if reference["stable"] else "NOT STABLE"
     why = f" ({reference['reason']})" if reference.get("reason") else ""
-    fleet = witness.get("fleet")
+    fleet, mode = witness.get("fleet"), Mode.of_witness(witness)
+    bands = [read_band(band) for band in witness["bands"]]
     lines = [
         f"batchproof probe: {witness['result']} (declared_min {witness['declared_min']}, "
         f"n_predict {witness['sampler']['max_tokens']})",
         f"  m=1 reference: {stable} tokens={_or_dash(reference['tokens'])} "
         f"self_divergence_at={_or_dash(reference['self_divergence_at'])}{why}"
         f"{reference_logprobs_part(witness.get('reference_logprobs') or {})}",
-        *(line for band in witness["bands"] for line in (band_line(band, fleet is not None), *conflict_lines(band))),
+        *(line for band in bands for line in (band_line(band, mode), *conflict_lines(band))),
         *(fleet_lines(fleet) if fleet is not None else []),
         *section_lines("stream parity", witness.get("stream_parity")),
         *section_lines("cache", witness.get("cache"), cache_summary(witness.get("cache"))),
         *any_server_lines(witness),
     ]
     return [printable(line) for line in lines]
+
+
+def references_label(num_prompts: int, plan: str = "") -> str:
+    """The m=1 phase's name, with what the mode plans for it (on a fleet: each replica twice)."""
+    label = "m=1 reference" if num_prompts == 1 else f"m=1 references ({num_prompts} prompts)"
+    return label + plan
+
+
+def reference_line(
+    reference: ReferenceJudgement, num_prompts: int, served_alone: str, stability: dict[str, Any]
+) -> str:
+    """The m=1 phase's progress line: stable or why not, and (on a fleet) who served it."""
+    state = "stable" if reference.is_stable else "NOT STABLE"
+    why = f" ({reference.reason})" if reference.reason else ""
+    if stability["logprob_reason"]:
+        why += f"; logprobs NOT STABLE ({stability['logprob_reason']})"
+    label = references_label(num_prompts)
+    return f"{label}: {state}, self_divergence_at={reference.self_divergence_at}{served_alone}{why}"
+
+
+def sources_line(config: ProbeConfig, watcher: MFormedWatcher, info: Any, listed: list[Listed] | None) -> str:
+    """What the server offers the probe: server_info, a listed fleet, and where m_formed is read."""
+    sources = [
+        name
+        for name, present in (
+            ("server log", config.server_log is not None),
+            ("/metrics batch_size histogram", watcher.has_histogram),
+            ("/slots", watcher.has_slots),
+            ("/metrics requests-running gauge", watcher.has_gauge),
+        )
+        if present
+    ]
+    has_info = "has" if isinstance(info, dict) else "no"
+    m_from = ", ".join(sources) or "nothing (m_formed 0)"
+    fleet = ""
+    if listed:
+        fleet = f"; lists {len(listed)} replicas ({sum(r.is_alive for r in listed)} alive)"
+    elif listed is not None:
+        fleet = "; lists no fleet replicas"
+    return f"{config.url}: {has_info} /v1/server_info{fleet}; m_formed from {m_from}"

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from batchproof.common.band import Band
 from batchproof.probe.entry import Entry
 from batchproof.probe.logprob_parity import compare
 from batchproof.probe.verdict import Result, agreement, intern
@@ -252,6 +253,16 @@ def with_fleet(run: Result, fleet: Result) -> Result:
     if "FAIL" in (run, fleet):
         return "FAIL"
     return "UNMEASURABLE" if "UNMEASURABLE" in (run, fleet) else "PASS"
+
+
+def served_by(band: Band) -> str:
+    """Which replicas served a band's slots, each with its largest batch when known: `a:2(m=2), b:2(m=2)`."""
+    counts = Counter(s.get("replica") or "(unnamed)" for s in band.slots or [])
+    largest = band.m_formed_by_replica or {}
+    return ", ".join(
+        f"{replica}:{n}" + (f"(m={largest[replica]})" if largest.get(replica) is not None else "")
+        for replica, n in sorted(counts.items())  # by id: the slots' arrival order is the network's
+    )
 
 
 def fleet_record(j: FleetJudgement) -> dict[str, Any]:

@@ -22,14 +22,14 @@ def judge_fleet_band(
     slots: Sequence[Sample],
     replicas: Sequence[str | None],
     policy: Policy,
-    is_mixed: bool,
 ) -> tuple[BandJudgement, int | None]:
-    """(the band's judgement, its worst slot). As a mixed band: the worst slot's divergence from
-    its own reference is recorded, and a frozen slot fails. With identical requests, the slots
-    one replica served must also agree with each other to declared_min, as in a single server's
-    band; `intra_agree_to` is then the least such agreement."""
+    """(the band's judgement, its worst slot) for identical requests. As a mixed band: the worst
+    slot's divergence from its own replica's reference is recorded, and a frozen slot fails. The
+    slots one replica served must also agree with each other to declared_min, as in a single
+    server's band; `intra_agree_to` is then the least such agreement. (Mixed prompts on a fleet are
+    judged as a mixed band: slots asking different prompts are never compared with each other.)"""
     judgement, divergences, worst = judge_mixed_band(c, m_formed, references, slots, policy)
-    if is_mixed or not divergences:
+    if not divergences:
         return judgement, worst
     pairs = within_replicas(intern([s.identities for s in slots]), replicas)
     i = min(range(len(pairs)), key=lambda k: pairs[k][1])

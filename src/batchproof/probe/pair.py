@@ -5,6 +5,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from batchproof.common.band import Band
 from batchproof.probe.logprob_parity import UNMEASURED, LogprobParity, compare
 from batchproof.probe.references import sample
 from batchproof.probe.stream import StreamResult
@@ -89,18 +90,18 @@ def section_result(findings: list[dict[str, Any]], problem: str | None = None) -
     return "PASS", None
 
 
-def band_noise(bands: Sequence[dict[str, Any]], c: int) -> str | None:
+def band_noise(bands: Sequence[Band], c: int) -> str | None:
     """Why a difference inside a band of c could be batching rather than the route under test:
     its plain band (same c, streamed, no cache arranged) already differs from m=1, or was not
     measured. None when that band was bitwise equal to m=1 throughout."""
-    plain = [b for b in bands if b["c"] == c]
+    plain = [b for b in bands if b.c == c]
     if not plain:
         return f"the plain c={c} band was not measured"
     band = plain[0]
     parted = any(s["divergence_at"] is None or s["divergence_at"] < (s["completion_tokens"] or 0)
-                 for s in band["slots"])
-    if band["logprobs_bitwise_equal"] is not True or parted:
+                 for s in band.slots)
+    if band.logprobs_bitwise_equal is not True or parted:
         return f"the plain c={c} band already differs from m=1"
-    if band["result"] != "PASS":  # e.g. UNMEASURABLE: a server of one slot served the c requests one by one
-        return f"the plain c={c} band is {band['result']}, so its batching is not known to be exact"
+    if band.result != "PASS":  # e.g. UNMEASURABLE: a server of one slot served the c requests one by one
+        return f"the plain c={c} band is {band.result}, so its batching is not known to be exact"
     return None

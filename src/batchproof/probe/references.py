@@ -1,5 +1,5 @@
-"""The m=1 references: each prompt's runs fired alone (on a fleet, grouped by the replica that
-served them), judged for stability, and the reply each band slot is compared with."""
+"""The m=1 references: each prompt's runs fired alone, grouped as the mode says (on a fleet, by the
+replica that served them), judged for stability and recorded."""
 
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -10,7 +10,6 @@ from batchproof.probe.logprob_parity import UNMEASURED, LogprobParity, combine, 
 from batchproof.probe.mixed_verdict import Reference
 from batchproof.probe.stream import StreamResult
 from batchproof.probe.verdict import Policy, ReferenceJudgement, Sample, judge_reference, refusal
-from batchproof.probe.witness import reference_record
 
 
 def sample(result: StreamResult) -> Sample:
@@ -28,20 +27,6 @@ class AloneGroup:
 
     prompt: int
     runs: list[StreamResult]
-
-
-def alone_groups(alone: list[list[StreamResult]], is_fleet: bool) -> list[AloneGroup]:
-    # On a fleet, two replicas that disagree are not one unstable server: each replica's
-    # runs are judged against each other, and the replicas against each other by the fleet.
-    if not is_fleet:
-        return [AloneGroup(p, runs) for p, runs in enumerate(alone)]
-    groups = []
-    for p, runs in enumerate(alone):
-        by_replica: dict[str | None, list[StreamResult]] = {}
-        for run in runs:
-            by_replica.setdefault(run.replica, []).append(run)
-        groups += [AloneGroup(p, group) for group in by_replica.values()]
-    return groups
 
 
 def judge_runs(runs: Sequence[Sample], policy: Policy) -> ReferenceJudgement | None:
@@ -77,21 +62,24 @@ def combined(judgements: Sequence[ReferenceJudgement], labels: Sequence[str] | N
 
 
 def judged_reference(
-    judged: Sequence[tuple[AloneGroup, ReferenceJudgement | None]], num_prompts: int, is_fleet: bool
+    judged: Sequence[tuple[AloneGroup, ReferenceJudgement | None]], labels: Sequence[str]
 ) -> ReferenceJudgement:
-    """Every judged group's stability combined, each named by its prompt and (on a fleet) its
-    replica; a group of one complete run is not judged."""
-    counted = [(g, j) for g, j in judged if j is not None]
+    """Every judged group's stability combined, each named by its label (its prompt, and on a fleet
+    its replica); a group of one complete run is not judged."""
+    counted = [(label, j) for (_, j), label in zip(judged, labels) if j is not None]
     if not counted:
         tokens = judged[0][0].runs[0].completion_tokens
         return ReferenceJudgement(False, tokens, None, "no replica served a prompt alone twice")
+    return combined([j for _, j in counted], [label for label, _ in counted])
 
-    def label(group: AloneGroup) -> str:
-        replica = f"replica {group.runs[0].replica}" if is_fleet else ""
-        prompt = f"prompt {group.prompt}" if num_prompts > 1 or not replica else ""
-        return " ".join(part for part in (prompt, replica) if part)
 
-    return combined([j for _, j in counted], [label(g) for g, _ in counted])
+def judge_alone(
+    groups: Sequence[AloneGroup], labels: Sequence[str], policy: Policy
+) -> tuple[ReferenceJudgement, list[dict[str, Any]], dict[str, Any]]:
+    """(the run's reference, each group's record, the reference's logprob stability)."""
+    judged = [(g, judge_runs([sample(run) for run in g.runs], policy)) for g in groups]
+    records = [group_record(g, j) for g, j in judged]
+    return judged_reference(judged, labels), records, logprob_stability(records)
 
 
 def group_parity(group: AloneGroup, judgement: ReferenceJudgement | None) -> LogprobParity:
@@ -100,6 +88,18 @@ def group_parity(group: AloneGroup, judgement: ReferenceJudgement | None) -> Log
         return UNMEASURED
     first, upto = group.runs[0].logprob_vectors(), judgement.self_divergence_at or 0
     return combine([compare(first, other.logprob_vectors(), upto) for other in group.runs[1:]])
+
+
+def reference_record(reference: ReferenceJudgement) -> dict[str, Any]:
+    """The witness's `reference` (v3's keys; the reason only when there is one)."""
+    record: dict[str, Any] = {
+        "stable": reference.is_stable,
+        "tokens": reference.tokens,
+        "self_divergence_at": reference.self_divergence_at,
+    }
+    if reference.reason is not None:
+        record["reason"] = reference.reason
+    return record
 
 
 def prompt_reference_record(
@@ -147,15 +147,6 @@ def logprob_stability(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         reason += f"; the later run was served {max(n or 0 for n in cached[1:])} prompt tokens from the server's cache"
     return {"logprobs_stable": False, "logprob_max_abs_diff": size, "logprob_first_diff_at": at,
             "logprob_reason": reason}
-
-
-def reference_for(alone: list[list[StreamResult]], prompt: int, replica: str | None, is_fleet: bool) -> StreamResult:
-    """The m=1 reply a slot is compared with: its own replica's on a fleet (the prompt's first
-    when its replica was never measured alone), else the prompt's first."""
-    runs = alone[prompt]
-    if is_fleet and replica is not None:
-        return next((run for run in runs if run.replica == replica), runs[0])
-    return runs[0]
 
 
 def fleet_replies(alone: list[list[StreamResult]], n_predict: int) -> list[Reply]:

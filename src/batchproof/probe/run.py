@@ -4,91 +4,44 @@ answered twice), then each band of c concurrent requests, then on a fleet the re
 import asyncio
 import dataclasses
 import time
-from collections import Counter
 from typing import Any
 
 import httpx
 
+from batchproof.common.band import Band
 from batchproof.probe.cache import cache_cases, cache_record, judge_case, measure_case
 from batchproof.probe.config import ProbeConfig
-from batchproof.probe.display import ProgressDisplay, served_by
+from batchproof.probe.discovery import first_model, get_json
+from batchproof.probe.display import (
+    ProgressDisplay,
+    band_done_line,
+    reference_line,
+    references_label,
+    sources_line,
+)
 from batchproof.probe.fail_open import fail_open_record
 from batchproof.probe.fields import negotiate, without
-from batchproof.probe.fleet import (
-    Listed,
-    alone_cap,
-    fleet_record,
-    judge_fleet,
-    listed_replicas,
-    needs_more_alone,
-    with_fleet,
-)
-from batchproof.probe.fleet_band import judge_fleet_band
-from batchproof.probe.logprob_parity import UNMEASURED, compare
+from batchproof.probe.fleet import Listed, with_fleet
 from batchproof.probe.m_formed import MFormedWatcher
 from batchproof.probe.matrix import Matrix
-from batchproof.probe.mixed_verdict import judge_mixed_band
 from batchproof.probe.pair import band_noise
-from batchproof.probe.references import (
-    alone_groups,
-    as_reference,
-    fleet_replies,
-    group_record,
-    judge_runs,
-    judged_reference,
-    logprob_stability,
-    reference_for,
-    sample,
-)
+from batchproof.probe.references import as_reference, judge_alone, sample
 from batchproof.probe.request import ROUTES, Message, request_body
 from batchproof.probe.stream import StreamRequest, StreamResult, fire
 from batchproof.probe.stream_parity import fetch_whole_band, judge_pairs, stream_parity_record
-from batchproof.probe.verdict import (
-    Policy,
-    ReferenceJudgement,
-    judge_band,
-    refusal,
-    run_verdict,
-    slot_divergence,
-)
-from batchproof.probe.witness import RunRecord, SlotRecord, band_record
+from batchproof.probe.verdict import Policy, ReferenceJudgement, run_verdict
+from batchproof.probe.witness import RunRecord, band_record, slot_record
+
+Fired = list[tuple[int, list[int], list[StreamResult]]]  # per band: c, each slot's prompt, its reply
 
 
 def fired_prompts(config: ProbeConfig, matrix: Matrix, prompts: tuple[str, ...]) -> tuple[str, ...]:
-    """The prompts a run fires: slot i of a mixed band asks prompt i (cycling), so only the
-    first max(ladder) are used (and referenced); identical mode fires one."""
-    return prompts[: max(matrix.ladder)] if config.is_mixed else prompts[:1]
+    """The prompts a run fires (and references): one, or in mixed mode the first max(ladder)."""
+    return config.mode.prompts.fired(prompts, matrix.ladder)
 
 
 def headers(config: ProbeConfig) -> dict[str, str]:
     return {} if config.api_key is None else {"Authorization": f"Bearer {config.api_key}"}
-
-
-def slot_record(prompt: int, result: StreamResult, reference: StreamResult, n_predict: int) -> SlotRecord:
-    """A slot against its own prompt's reference: where it parts, and its logprobs until then."""
-    refused = refusal(sample(result), n_predict)
-    mode, conflict = result.mode
-    divergence, margin, parity = None, None, UNMEASURED
-    if refused is None:
-        ref = as_reference(reference)
-        divergence, margin = slot_divergence(ref.identities, ref.margins, sample(result).identities)
-        parity = compare(reference.logprob_vectors(), result.logprob_vectors(), divergence)
-    return SlotRecord(
-        completion_tokens=result.completion_tokens,
-        finish_reason=result.finish_reason,
-        refused=refused,
-        decode_tok_s=result.decode_tok_s,
-        prompt=prompt,
-        stream_mode=mode,
-        stream_mode_conflict=conflict,
-        divergence_at=divergence,
-        top2_margin_at_divergence=margin,
-        logprob_max_abs_diff=parity.max_abs_diff,
-        logprobs_bitwise_equal=parity.is_bitwise_equal,
-        logprob_first_diff_at=parity.first_diff_at,
-        replica=result.replica,
-        reference_replica=reference.replica,
-    )
 
 
 class Prober:
@@ -98,6 +51,7 @@ class Prober:
         self, config: ProbeConfig, matrix: Matrix, progress: ProgressDisplay, prompts: tuple[str, ...] | None = None
     ) -> None:
         self.config = config
+        self.mode = config.mode
         self.matrix = matrix
         self.progress = progress
         self.policy = Policy(matrix.n_predict, matrix.min_agree_tokens, matrix.max_constant_run)
@@ -110,16 +64,16 @@ class Prober:
         config = self.config
         async with httpx.AsyncClient(base_url=config.url, headers=headers(config), timeout=10.0) as client:
             try:
-                info = await _get_json(client, "/v1/server_info")
+                info = await get_json(client, "/v1/server_info")
             except (httpx.ConnectError, httpx.ConnectTimeout) as err:
                 why = str(err) or type(err).__name__
                 return _unreachable(None, f"cannot connect to {config.url} ({why})")
             info = info if isinstance(info, dict) else None
-            served_model = config.served_model or await _first_model(client)
+            served_model = config.served_model or await first_model(client)
             watcher = MFormedWatcher(client, config.server_log, config.settle_s, config.poll_s)
             await watcher.detect()
-            listed = listed_replicas(info) if config.is_fleet else None
-            self.progress.note(_sources_line(config, watcher, info, listed))
+            listed = self.mode.server.listed(info)
+            self.progress.note(sources_line(config, watcher, info, listed))
             self.served_model = served_model
             record = await self._measure(watcher, [self._request(prompt) for prompt in self.prompts], listed)
             return dataclasses.replace(record, server_info=info, served_model=served_model)
@@ -141,42 +95,42 @@ class Prober:
         alone = await self._references(watcher, requests, listed, first)
         if alone[-1][-1].is_unreachable:
             return _unreachable(None, alone[-1][-1].error or "")
-        is_fleet, n_predict = self.config.is_fleet, self.matrix.n_predict
-        groups = alone_groups(alone, is_fleet)
-        judged = [(g, judge_runs([sample(run) for run in g.runs], self.policy)) for g in groups]
-        reference = judged_reference(judged, len(alone), is_fleet)
-        records = [group_record(g, j) for g, j in judged]
-        stability = logprob_stability(records)
-        self.progress.phase_done(_reference_line(reference, len(alone), alone if is_fleet else None, stability))
-        # A fleet whose replies name no replica cannot be measured as one: stop before the bands.
-        is_nameless = is_fleet and all(run.replica is None for runs in alone for run in runs)
-        bands: list[dict[str, Any]] = []
-        fired: list[tuple[int, list[int], list[StreamResult]]] = []
-        if reference.is_stable and not is_nameless:
+        server = self.mode.server
+        groups = server.groups(alone)
+        reference, records, stability = judge_alone(groups, [server.label(g, len(alone)) for g in groups], self.policy)
+        self.progress.phase_done(reference_line(reference, len(alone), server.served_alone(alone), stability))
+        bands: list[Band] = []
+        fired: Fired = []
+        if reference.is_stable and not server.is_nameless(alone):
             for c in self.matrix.ladder:
                 band, prompts, results = await self._band(c, watcher, requests, alone, stability["logprobs_stable"])
                 bands.append(band)
                 fired.append((c, prompts, results))
-        verdict = run_verdict(reference.is_stable, [(b["c"], b["result"]) for b in bands])
-        fleet = None
-        if is_fleet:
-            slot_replicas = [s["replica"] for b in bands for s in b["slots"]]
-            judgement = judge_fleet(fleet_replies(alone, n_predict), slot_replicas, listed)
-            verdict = with_fleet(verdict, judgement.result)
-            fleet = fleet_record(judgement)
-        modes: dict[str, Any] = {}
-        if self.config.is_stream_parity:
-            modes["stream_parity"] = await self._stream_parity(requests, alone, records, bands, fired, reference)
-        if self.config.is_cache:
-            modes["cache"] = await self._cache(bands, reference)
-        for section in modes.values():
+        sections = await self._sections(requests, alone, records, bands, fired, reference, listed)
+        verdict = run_verdict(reference.is_stable, [(b.c, b.result) for b in bands])
+        for section in sections.values():
             verdict = with_fleet(verdict, section["result"])
         fail_open = await self._fail_open(requests[0])
         if fail_open:
             verdict = "FAIL"  # asked for logprobs, answered 200 without: never a pass, never unmeasurable
-        return RunRecord(None, None, reference, bands, verdict, references=records, fleet=fleet,
-                         reference_logprobs=stability, fail_open=fail_open, dropped_fields=list(self.dropped),
-                         **modes)
+        return RunRecord(None, None, reference, bands, verdict, references=records, reference_logprobs=stability,
+                         fail_open=fail_open, dropped_fields=list(self.dropped), **sections)
+
+    async def _sections(
+        self, requests: list[StreamRequest], alone: list[list[StreamResult]], records: list[dict[str, Any]],
+        bands: list[Band], fired: Fired, reference: ReferenceJudgement, listed: list[Listed] | None,
+    ) -> dict[str, dict[str, Any]]:
+        """The witness's sections beyond the bands, each with a result the run's verdict takes in:
+        on a fleet the replicas' agreement, and --stream-parity and --cache when asked."""
+        sections = {}
+        fleet = self.mode.server.agreement(alone, bands, listed, self.matrix.n_predict)
+        if fleet is not None:
+            sections["fleet"] = fleet
+        if self.config.is_stream_parity:
+            sections["stream_parity"] = await self._stream_parity(requests, alone, records, bands, fired, reference)
+        if self.config.is_cache:
+            sections["cache"] = await self._cache(bands, reference)
+        return sections
 
     async def _fail_open(self, request: StreamRequest) -> list[dict[str, Any]]:
         """Every reply that came back 200 without logprobs, by way of asking; when only streams
@@ -187,8 +141,7 @@ class Prober:
 
     async def _stream_parity(
         self, requests: list[StreamRequest], alone: list[list[StreamResult]], records: list[dict[str, Any]],
-        bands: list[dict[str, Any]], fired: list[tuple[int, list[int], list[StreamResult]]],
-        reference: ReferenceJudgement,
+        bands: list[Band], fired: Fired, reference: ReferenceJudgement,
     ) -> dict[str, Any]:
         """Each prompt's first m=1 run and every band slot, fetched again whole and compared."""
         if not reference.is_stable:
@@ -208,7 +161,7 @@ class Prober:
         self.progress.phase_done(f"stream parity: {section['result']}" + _why(section))
         return section
 
-    async def _cache(self, bands: list[dict[str, Any]], reference: ReferenceJudgement) -> dict[str, Any]:
+    async def _cache(self, bands: list[Band], reference: ReferenceJudgement) -> dict[str, Any]:
         """Per cache case: cold, a warmer sharing a long prefix, warm alone twice and in bands."""
         if not reference.is_stable:
             return _not_measured("cache")
@@ -228,62 +181,46 @@ class Prober:
         self, watcher: MFormedWatcher, requests: list[StreamRequest], listed: list[Listed] | None,
         first: StreamResult,
     ) -> list[list[StreamResult]]:
-        """Each prompt's m=1 runs, in the order they came back: two, or on a fleet until every
-        replica seen (and listed alive) has answered twice (at most alone_cap). `first` is prompt
-        0's first run, already fired (by the field negotiation)."""
+        """Each prompt's m=1 runs, in the order they came back, as many as the mode wants (two; on a
+        fleet until every replica seen and listed alive has answered twice). `first` is prompt 0's
+        first run, already fired (by the field negotiation)."""
         # One at a time, each waiting for its batch record, so none leaks into a band.
-        is_fleet = self.config.is_fleet
-        per_prompt = alone_cap(listed) if is_fleet else 2
-        self.progress.phase(_references_label(len(requests), is_fleet), per_prompt * len(requests))
+        server = self.mode.server
+        label = references_label(len(requests), server.alone_plan)
+        self.progress.phase(label, server.alone_cap(listed) * len(requests))
         alone: list[list[StreamResult]] = []
         for request in requests:
             runs: list[StreamResult] = []
             alone.append(runs)
-            while True:
-                if not alone[1:] and not runs:
-                    run = first
-                else:
+            while not runs or server.wants_another(runs, listed):
+                if alone[1:] or runs:
                     run, *_ = await watcher.measure(self._tracked(request), _named)
+                else:
+                    run = first
                 runs.append(run)
                 if run.is_unreachable:
                     return alone
-                if is_fleet and run.error is not None:
-                    break  # the reference is refused; more runs would not change that
-                replicas = [r.replica for r in runs]
-                if not (needs_more_alone(replicas, listed) if is_fleet else len(runs) < 2):
-                    break
         return alone
 
     async def _band(
         self, c: int, watcher: MFormedWatcher, requests: list[StreamRequest], alone: list[list[StreamResult]],
         is_reference_logprob_stable: bool | None = None,
-    ) -> tuple[dict[str, Any], list[int], list[StreamResult]]:
-        """The band's record, and which prompt each slot asked and what it got (for stream parity)."""
+    ) -> tuple[Band, list[int], list[StreamResult]]:
+        """The band, and which prompt each slot asked and what it got (for stream parity)."""
         self.progress.phase(f"band c={c}", c)
         config, start = self.config, time.perf_counter()
         prompts = [i % len(requests) for i in range(c)]
         stagger_s = config.stagger_ms / 1000
         work = asyncio.gather(*(self._tracked(requests[p], i * stagger_s) for i, p in enumerate(prompts)))
         results, m_formed, source, by_replica = await watcher.measure(work, _all_named)
-        references = [reference_for(alone, p, r.replica, config.is_fleet) for p, r in zip(prompts, results)]
+        references = [self.mode.server.reference_for(alone[p], r.replica) for p, r in zip(prompts, results)]
         slots = [slot_record(p, r, ref, self.matrix.n_predict) for p, r, ref in zip(prompts, results, references)]
-        samples = [sample(r) for r in results]
-        if config.is_fleet:
-            refs = [as_reference(ref) for ref in references]
-            replicas = [r.replica for r in results]
-            judgement, worst = judge_fleet_band(c, m_formed, refs, samples, replicas, self.policy, config.is_mixed)
-        elif config.is_mixed:
-            refs = [as_reference(ref) for ref in references]
-            judgement, _, worst = judge_mixed_band(c, m_formed, refs, samples, self.policy)
-        else:
-            ref = as_reference(references[0])
-            judgement, worst = judge_band(c, m_formed, ref.identities, ref.margins, samples, self.policy), 0
+        judgement, worst = self.mode.judge_band(c, m_formed, [as_reference(ref) for ref in references],
+                                                [sample(r) for r in results], [r.replica for r in results],
+                                                self.policy)
         band = band_record(c, m_formed, source, judgement, slots, self.matrix, worst, by_replica,
                            is_reference_logprob_stable)
-        took = time.perf_counter() - start
-        on = f", on {served_by(band)}" if config.is_fleet else ""
-        summary = f"{len(results)}/{c} back in {took:.1f}s, m_formed={m_formed}{on}, {band['result']}"
-        self.progress.phase_done(f"band c={c}: {summary}")
+        self.progress.phase_done(band_done_line(band, len(results), time.perf_counter() - start, self.mode))
         return band, prompts, list(results)
 
     async def _tracked(self, request: StreamRequest, delay_s: float = 0.0, is_streamed: bool = True) -> StreamResult:
@@ -315,67 +252,3 @@ def _not_measured(mode: str) -> dict[str, Any]:
 
 def _why(section: dict[str, Any]) -> str:
     return f" ({section['reason']})" if section.get("reason") else ""
-
-
-def _references_label(num_prompts: int, is_fleet: bool = False) -> str:
-    label = "m=1 reference" if num_prompts == 1 else f"m=1 references ({num_prompts} prompts)"
-    return f"{label}, each replica twice (at most)" if is_fleet else label
-
-
-def _reference_line(
-    reference: ReferenceJudgement, num_prompts: int, alone: list[list[StreamResult]] | None,
-    stability: dict[str, Any] | None = None,
-) -> str:
-    state = "stable" if reference.is_stable else "NOT STABLE"
-    why = f" ({reference.reason})" if reference.reason else ""
-    if stability and stability["logprob_reason"]:
-        why += f"; logprobs NOT STABLE ({stability['logprob_reason']})"
-    label = _references_label(num_prompts)
-    served = ""
-    if alone is not None:
-        counts = Counter(run.replica or "(unnamed)" for runs in alone for run in runs)
-        served = ", served alone by " + ", ".join(f"{replica} x{n}" for replica, n in counts.items())
-    return f"{label}: {state}, self_divergence_at={reference.self_divergence_at}{served}{why}"
-
-
-def _sources_line(config: ProbeConfig, watcher: MFormedWatcher, info: Any, listed: list[Listed] | None) -> str:
-    sources = [
-        name
-        for name, present in (
-            ("server log", config.server_log is not None),
-            ("/metrics batch_size histogram", watcher.has_histogram),
-            ("/slots", watcher.has_slots),
-            ("/metrics requests-running gauge", watcher.has_gauge),
-        )
-        if present
-    ]
-    has_info = "has" if isinstance(info, dict) else "no"
-    m_from = ", ".join(sources) or "nothing (m_formed 0)"
-    fleet = ""
-    if listed:
-        fleet = f"; lists {len(listed)} replicas ({sum(r.is_alive for r in listed)} alive)"
-    elif listed is not None:
-        fleet = "; lists no fleet replicas"
-    return f"{config.url}: {has_info} /v1/server_info{fleet}; m_formed from {m_from}"
-
-
-async def _get_json(client: httpx.AsyncClient, path: str) -> Any:
-    """The JSON at `path`, or None; only a refused connection is raised."""
-    try:
-        response = await client.get(path)
-        return response.json() if response.is_success else None
-    except (httpx.ConnectError, httpx.ConnectTimeout):
-        raise
-    except (httpx.HTTPError, ValueError):
-        return None
-
-
-async def _first_model(client: httpx.AsyncClient) -> str | None:
-    """The served model's id from /v1/models, so servers that check `model` accept us."""
-    try:
-        doc = await _get_json(client, "/v1/models")
-    except httpx.HTTPError:
-        return None
-    data = doc.get("data") if isinstance(doc, dict) else None
-    first = data[0] if isinstance(data, list) and data else None
-    return first["id"] if isinstance(first, dict) and isinstance(first.get("id"), str) else None

@@ -6,12 +6,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from batchproof.common.band import Band, band_json
 from batchproof.common.hashing import file_sha256
 from batchproof.probe.config import ProbeConfig
-from batchproof.probe.logprob_parity import LogprobParity, combine
+from batchproof.probe.logprob_parity import UNMEASURED, LogprobParity, combine, compare
 from batchproof.probe.matrix import Matrix
+from batchproof.probe.references import as_reference, reference_record, sample
 from batchproof.probe.request import TOP_LOGPROBS
-from batchproof.probe.verdict import BandJudgement, ReferenceJudgement, Result, band_rate
+from batchproof.probe.stream import StreamResult
+from batchproof.probe.verdict import BandJudgement, ReferenceJudgement, Result, band_rate, refusal, slot_divergence
 
 WITNESS_VERSION = 3
 PROBE = "batchproof"
@@ -51,6 +54,33 @@ class SlotRecord:
         return LogprobParity(self.logprob_max_abs_diff, self.logprobs_bitwise_equal, self.logprob_first_diff_at)
 
 
+def slot_record(prompt: int, result: StreamResult, reference: StreamResult, n_predict: int) -> SlotRecord:
+    """A slot against its own prompt's reference: where it parts, and its logprobs until then."""
+    refused = refusal(sample(result), n_predict)
+    stream_mode, conflict = result.mode
+    divergence, margin, parity = None, None, UNMEASURED
+    if refused is None:
+        ref = as_reference(reference)
+        divergence, margin = slot_divergence(ref.identities, ref.margins, sample(result).identities)
+        parity = compare(reference.logprob_vectors(), result.logprob_vectors(), divergence)
+    return SlotRecord(
+        completion_tokens=result.completion_tokens,
+        finish_reason=result.finish_reason,
+        refused=refused,
+        decode_tok_s=result.decode_tok_s,
+        prompt=prompt,
+        stream_mode=stream_mode,
+        stream_mode_conflict=conflict,
+        divergence_at=divergence,
+        top2_margin_at_divergence=margin,
+        logprob_max_abs_diff=parity.max_abs_diff,
+        logprobs_bitwise_equal=parity.is_bitwise_equal,
+        logprob_first_diff_at=parity.first_diff_at,
+        replica=result.replica,
+        reference_replica=reference.replica,
+    )
+
+
 def identify(config: ProbeConfig) -> Identity:
     model = None
     if config.model_file is not None:
@@ -70,17 +100,6 @@ def sampler(matrix: Matrix) -> dict[str, Any]:
     }
 
 
-def reference_record(reference: ReferenceJudgement) -> dict[str, Any]:
-    record: dict[str, Any] = {
-        "stable": reference.is_stable,
-        "tokens": reference.tokens,
-        "self_divergence_at": reference.self_divergence_at,
-    }
-    if reference.reason is not None:
-        record["reason"] = reference.reason
-    return record
-
-
 def band_record(
     c: int,
     m_formed: int,
@@ -91,39 +110,30 @@ def band_record(
     divergence_slot: int | None = 0,
     m_formed_by_replica: dict[str, int | None] | None = None,
     logprobs_attributable: bool | None = None,
-) -> dict[str, Any]:
-    """One band in the witness's key order; the margin key only when the streams part."""
-    record: dict[str, Any] = {
-        "c": c,
-        "m_formed": m_formed,
-        "m_formed_source": m_formed_source,
-        "result": judgement.result,
-        "divergence_at": judgement.divergence_at,
-    }
-    if judgement.top2_margin_at_divergence is not None:
-        record["top2_margin_at_divergence"] = judgement.top2_margin_at_divergence
-    record |= {
-        "intra_agree_to": judgement.intra_agree_to,
-        "max_constant_run": judgement.max_constant_run,
-        "declared_min": matrix.min_agree_tokens,
-        "max_constant_run_declared": matrix.max_constant_run,
-        "reason": judgement.reason,
-        "decode_tok_s": band_rate([s.decode_tok_s for s in slots]),
-    }
-    # Additions to v3: which slot the band's divergence_at is from, logprob parity, and on a
-    # fleet each replica's largest batch (null when the server's histogram names no replica).
+) -> Band:
+    """One band; `logprobs_attributable` is False when the m=1 reference's own runs differ in
+    logprobs (a difference here is then not batching's), None when they were not compared."""
     parity = combine([s.parity for s in slots])
-    record |= {
-        "divergence_slot": divergence_slot if judgement.divergence_at is not None else None,
-        "logprob_max_abs_diff": parity.max_abs_diff,
-        "logprobs_bitwise_equal": parity.is_bitwise_equal,
-        # False when the m=1 reference's own runs differ in logprobs: a difference here is then
-        # not batching's (null: the reference's logprobs were not compared).
-        "logprobs_attributable": logprobs_attributable,
-        "m_formed_by_replica": m_formed_by_replica or None,
-        "slots": [{"i": i, **asdict(s)} for i, s in enumerate(slots)],
-    }
-    return record
+    return Band(
+        c=c,
+        m_formed=m_formed,
+        m_formed_source=m_formed_source,
+        result=judgement.result,
+        divergence_at=judgement.divergence_at,
+        top2_margin_at_divergence=judgement.top2_margin_at_divergence,
+        intra_agree_to=judgement.intra_agree_to,
+        max_constant_run=judgement.max_constant_run,
+        declared_min=matrix.min_agree_tokens,
+        max_constant_run_declared=matrix.max_constant_run,
+        reason=judgement.reason,
+        decode_tok_s=band_rate([s.decode_tok_s for s in slots]),
+        divergence_slot=divergence_slot if judgement.divergence_at is not None else None,
+        logprob_max_abs_diff=parity.max_abs_diff,
+        logprobs_bitwise_equal=parity.is_bitwise_equal,
+        logprobs_attributable=logprobs_attributable,
+        m_formed_by_replica=m_formed_by_replica or None,  # null when the histogram names no replica
+        slots=[{"i": i, **asdict(s)} for i, s in enumerate(slots)],
+    )
 
 
 @dataclass(frozen=True)
@@ -133,7 +143,7 @@ class RunRecord:
     server_info: dict[str, Any] | None
     served_model: str | None
     reference: ReferenceJudgement
-    bands: list[dict[str, Any]]
+    bands: list[Band]
     result: Result
     unreachable: str | None = None
     references: list[dict[str, Any]] | None = None  # one per prompt, an addition to v3
@@ -172,11 +182,11 @@ def build_witness(
         "served_model": outcome.served_model,
         "server": outcome.server_info,
         "reference": reference_record(outcome.reference),
-        "bands": outcome.bands,
+        "bands": [band_json(band) for band in outcome.bands],
         "result": outcome.result,
         # Additions to v3: how the bands were fired, each prompt's own m=1 reference, and on a
         # fleet (--fleet) which replicas served and whether they agree.
-        "mode": "mixed" if config.is_mixed else "identical",
+        "mode": config.mode.prompts.name,
         "route": config.route,
         "stagger_ms": config.stagger_ms,
         "prompts": [{"i": i, "sha256": prompt_set_sha256((p,)), "chars": len(p)} for i, p in enumerate(prompts)],

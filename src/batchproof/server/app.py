@@ -76,8 +76,8 @@ def _start_backend(state: ServerState, start: StartBackend, loop: asyncio.Abstra
         if state.on_load_error is not None:
             state.on_load_error()
         return
-    state.served_model_name = state.config.served_model_name or backend.engine.model_path.stem
-    state.async_engine = backend
+    state.served_model_name = state.config.served_model_name or backend.engine.front.model_path.stem
+    state.backend = backend
 
 
 def create_app(server_config: ServerConfig, engine_config: EngineConfig, engine: Engine | None = None,
@@ -99,8 +99,8 @@ def create_app(server_config: ServerConfig, engine_config: EngineConfig, engine:
         loader.start()
         yield
         loader.join()
-        if state.async_engine is not None:
-            state.async_engine.stop()
+        if state.backend is not None:
+            state.backend.stop()
         state.batch_log.close()
 
     app = FastAPI(title="batchproof", version=__import__("batchproof").__version__, lifespan=lifespan)

@@ -1,24 +1,19 @@
 """What the server needs of an engine, as two protocols: the server is written against
 these, not the concrete Engine and AsyncEngine, so a fleet of replicas elsewhere
-(batchproof.fleet) stands in behind the same routes. EngineClient is the model's facts;
-Backend runs requests."""
+(batchproof.fleet) stands in behind the same routes. EngineClient is what a route asks of
+the model (its facts as one `front`, the prompt a chat renders to, what shapes the
+numbers); Backend runs requests."""
 
-from pathlib import Path
 from typing import Protocol
 
 from batchproof.engine.async_engine import Opened
-from batchproof.engine.chat_template import ChatTemplate
+from batchproof.engine.model_front import ModelFront
 from batchproof.engine.prefix_cache import PrefixCache
 from batchproof.engine.sampling_params import SamplingParams
-from batchproof.engine.tokenizer import Tokenizer
 
 
 class EngineClient(Protocol):
-    tokenizer: Tokenizer
-    chat_template: ChatTemplate | None  # None: the model has no chat format (completions only)
-    chat_template_origin: str  # where the template came from, or why there is none
-    max_model_len: int
-    model_path: Path
+    front: ModelFront  # the tokenizer, the chat format, the context length, the file
     prefix_cache: PrefixCache | None  # its counters and bytes go to /metrics; None when off
 
     def chat_prompt_ids(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:

@@ -15,16 +15,17 @@ from batchproof.server.tools.choice import ToolPlan
 from batchproof.server.tools.formats import reads_tools
 
 
-def template_messages(engine: EngineClient, messages: list[ChatMessage],
+def template_messages(client: EngineClient, messages: list[ChatMessage],
                       tool_plan: ToolPlan | None = None) -> list[dict[str, Any]]:
     """As the template reads them, checked first: rendering and tokenizing a body of
     megabytes that could never fit would cost seconds for nothing."""
-    if engine.chat_template is None:  # a base model: completions only, never a guessed format
-        raise APIError(400, engine.chat_template_origin, param="messages", code="chat_template_missing")
+    front = client.front
+    if front.chat_template is None:  # a base model: completions only, never a guessed format
+        raise APIError(400, front.chat_template_origin, param="messages", code="chat_template_missing")
     # The rendered prompt holds every message's text, so their total is a lower bound on it.
-    check_text_fits("".join(m.text() for m in messages), engine.tokenizer, engine.max_model_len, "'messages'",
+    check_text_fits("".join(m.text() for m in messages), front.tokenizer, front.max_model_len, "'messages'",
                     "messages")
-    return tool_prompt.template_messages(messages, tool_plan, reads_tools(engine.chat_template.source))
+    return tool_prompt.template_messages(messages, tool_plan, reads_tools(front.chat_template.source))
 
 
 def _template_tools(tool_plan: ToolPlan | None) -> list[dict[str, Any]] | None:
@@ -42,13 +43,12 @@ def template_refusals() -> Iterator[None]:
         raise APIError(400, f"the chat template refused 'messages': {e}", param="messages") from None
 
 
-def chat_prompt_ids(engine: EngineClient, messages: list[ChatMessage], tool_plan: ToolPlan | None = None) -> list[int]:
+def chat_prompt_ids(client: EngineClient, messages: list[ChatMessage], tool_plan: ToolPlan | None = None) -> list[int]:
     with template_refusals():
-        return engine.chat_prompt_ids(template_messages(engine, messages, tool_plan),
-                                      _template_tools(tool_plan))
+        return client.chat_prompt_ids(template_messages(client, messages, tool_plan), _template_tools(tool_plan))
 
 
-def render_chat(engine: EngineClient, messages: list[ChatMessage], add_generation_prompt: bool) -> str:
-    dicts = template_messages(engine, messages)  # first: it refuses a model without a template
+def render_chat(client: EngineClient, messages: list[ChatMessage], add_generation_prompt: bool) -> str:
+    dicts = template_messages(client, messages)  # first: it refuses a model without a template
     with template_refusals():
-        return engine.chat_template.render(dicts, add_generation_prompt)
+        return client.front.chat_template.render(dicts, add_generation_prompt)

@@ -7,9 +7,9 @@ import re
 from dataclasses import dataclass
 
 from batchproof.engine.grammar.constraint import Constraint
+from batchproof.engine.model_front import ModelFront
 from batchproof.engine.sampling_params import SamplingParams, SamplingParamsError
 from batchproof.engine.tokenizer import Tokenizer
-from batchproof.server.engine_client import EngineClient
 from batchproof.server.errors import APIError, shown
 from batchproof.server.protocol import SamplingFields
 
@@ -174,7 +174,7 @@ def _check_entries(wanted: Wanted, prompts: list[list[int]], limits_per_prompt: 
                        param=wanted.top_logprobs_name if wanted.top_logprobs else wanted.max_tokens_name)
 
 
-def plan_request(req: SamplingFields, engine: EngineClient, limits: Limits, prompts: list[list[int]],
+def plan_request(req: SamplingFields, front: ModelFront, limits: Limits, prompts: list[list[int]],
                  wanted: Wanted, tenant: str | None = None, constraint: Constraint | None = None) -> Plan:
     """`tenant`: the id of the API key that sent the request, if any (its cache namespace);
     `constraint`: what every choice's reply must match (structured.py built and checked it)."""
@@ -183,7 +183,7 @@ def plan_request(req: SamplingFields, engine: EngineClient, limits: Limits, prom
     if req.stream and wanted.prompt_logprobs is not None and req.prompt_logprobs is not None:
         raise APIError(400, "'prompt_logprobs' is not available with 'stream': true", param="prompt_logprobs")
     n = _check_counts(req, wanted, len(prompts), limits)
-    max_tokens = [_max_tokens(wanted.max_tokens, wanted.max_tokens_name, len(p), engine.max_model_len,
+    max_tokens = [_max_tokens(wanted.max_tokens, wanted.max_tokens_name, len(p), front.max_model_len,
                               wanted.allow_zero_tokens) for p in prompts]
     _check_entries(wanted, prompts, max_tokens, n, limits)
     min_tokens = req.min_tokens or 0
@@ -199,7 +199,7 @@ def plan_request(req: SamplingFields, engine: EngineClient, limits: Limits, prom
             repetition_penalty=req.repetition_penalty or 1.0,
             presence_penalty=req.presence_penalty or 0.0,
             frequency_penalty=req.frequency_penalty or 0.0,
-            logit_bias=_logit_bias(req.logit_bias, engine.tokenizer.vocab_size, limits.max_logit_bias),
+            logit_bias=_logit_bias(req.logit_bias, front.tokenizer.vocab_size, limits.max_logit_bias),
             seed=req.seed,
             max_tokens=max_tokens[0],
             min_tokens=min_tokens,

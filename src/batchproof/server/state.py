@@ -1,4 +1,4 @@
-"""What the routes share: settings, the engine (once loaded), metrics; and body parsing."""
+"""What the routes share: settings, the backend (once loaded), metrics; and body parsing."""
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -7,6 +7,7 @@ from typing import TypeVar
 from pydantic import BaseModel, ValidationError
 
 from batchproof.engine.config import EngineConfig
+from batchproof.engine.model_front import ModelFront
 from batchproof.server.batch_log import BatchLog
 from batchproof.server.config import ServerConfig
 from batchproof.server.engine_client import Backend, EngineClient
@@ -23,7 +24,7 @@ class ServerState:
     config: ServerConfig
     engine_config: EngineConfig
     metrics: Metrics = field(default_factory=Metrics)
-    async_engine: Backend | None = None  # once loaded (or connected, for a fleet)
+    backend: Backend | None = None  # once loaded (or connected, for a fleet): runs requests
     served_model_name: str = ""
     prefix_cache_scope: str = "shared"  # the config's, resolved: "key" by default when API keys are set
     api_key_required: bool = False
@@ -35,13 +36,19 @@ class ServerState:
     responses: ResponseStore = field(default_factory=ResponseStore)  # what previous_response_id continues
 
     @property
-    def engine(self) -> EngineClient:
+    def client(self) -> EngineClient:
+        """What a route asks of the model; a 503 while it loads or after it failed to."""
         if self.load_error is not None:
             raise APIError(503, f"the model failed to load: {self.load_error}", type_="service_unavailable")
-        if self.async_engine is None:
+        if self.backend is None:
             raise APIError(503, "the model is still loading", type_="service_unavailable",
                            headers={"Retry-After": "1"})
-        return self.async_engine.engine
+        return self.backend.engine
+
+    @property
+    def front(self) -> ModelFront:
+        """The model's facts: tokenizer, chat format, context length (a 503 as `client`)."""
+        return self.client.front
 
     @property
     def limits(self) -> Limits:

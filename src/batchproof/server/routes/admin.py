@@ -39,9 +39,9 @@ async def health(request: Request) -> Response:
     state = _state(request)
     if state.load_error is not None:
         return JSONResponse({"status": "error", "error": state.load_error}, status_code=503)
-    if state.async_engine is None:
+    backend = state.backend
+    if backend is None:
         return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": "1"})
-    backend = state.async_engine
     if backend.failure is not None:
         return JSONResponse({"status": "error", "error": repr(backend.failure)}, status_code=503)
     if backend.num_faults:  # steps that failed: their requests got errors, the others went on
@@ -54,17 +54,18 @@ async def models(request: Request) -> dict:
     state = _state(request)
     return {"object": "list", "data": [{"id": state.served_model_name, "object": "model",
                                         "created": int(time.time()), "owned_by": "batchproof",
-                                        "max_model_len": state.engine.max_model_len}]}
+                                        "max_model_len": state.front.max_model_len}]}
 
 
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
     state = _state(request)
-    if state.async_engine is not None:
-        state.metrics.queue_depth.set(state.async_engine.num_waiting)
-        state.metrics.running.set(state.async_engine.num_running)
-        state.metrics.free_slots.set(state.async_engine.num_free_slots)
-        state.metrics.prefix_cache.cache = state.engine.prefix_cache
+    backend = state.backend
+    if backend is not None:
+        state.metrics.queue_depth.set(backend.num_waiting)
+        state.metrics.running.set(backend.num_running)
+        state.metrics.free_slots.set(backend.num_free_slots)
+        state.metrics.prefix_cache.cache = state.client.prefix_cache
     return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
@@ -78,9 +79,9 @@ def _tokenize(state: ServerState, body: bytes) -> dict:
     false for messages, whose template writes its own. On a worker thread."""
     req = parse_body(TokenizeRequest, body)
     check_model(req.model, state.served_model_name)
-    engine = state.engine
+    client = state.client
     if req.messages is not None:
-        text = render_chat(engine, req.messages, req.add_generation_prompt)
+        text = render_chat(client, req.messages, req.add_generation_prompt)
     elif req.prompt is not None or req.content is not None:
         text = req.prompt if req.prompt is not None else req.content
         param = "prompt" if req.prompt is not None else "content"
@@ -90,19 +91,20 @@ def _tokenize(state: ServerState, body: bytes) -> dict:
     else:
         raise APIError(400, "give 'prompt' (or 'content') or 'messages'", param="prompt")
     add_special = req.add_special_tokens if req.add_special_tokens is not None else req.messages is None
-    tokens = engine.tokenizer.encode(text, add_bos=engine.tokenizer.ids.add_bos and add_special)
-    reply = {"tokens": tokens, "count": len(tokens), "max_model_len": engine.max_model_len, "token_strs": None}
+    tokenizer = client.front.tokenizer
+    tokens = tokenizer.encode(text, add_bos=tokenizer.ids.add_bos and add_special)
+    reply = {"tokens": tokens, "count": len(tokens), "max_model_len": client.front.max_model_len, "token_strs": None}
     if req.return_token_strs:
-        reply["token_strs"] = [engine.tokenizer.token_text(t) for t in tokens]
+        reply["token_strs"] = [tokenizer.token_text(t) for t in tokens]
     return reply
 
 
 @router.get("/tokenizer_info")
 async def tokenizer_info(request: Request) -> dict:
     """What vLLM's /tokenizer_info gives and lm-eval's remote tokenizer reads."""
-    engine = _state(request).engine
-    source = None if engine.chat_template is None else engine.chat_template.source
-    return tokenizer_facts(engine.tokenizer, source, engine.max_model_len)
+    front = _state(request).front
+    source = None if front.chat_template is None else front.chat_template.source
+    return tokenizer_facts(front.tokenizer, source, front.max_model_len)
 
 
 @router.post("/detokenize")
@@ -110,15 +112,16 @@ async def detokenize(request: Request) -> dict:
     state = _state(request)
     req = parse_body(DetokenizeRequest, await request.body())
     check_model(req.model, state.served_model_name)
-    vocab = state.engine.tokenizer.vocab_size
-    most = TOKENIZE_CONTEXTS * state.engine.max_model_len
+    front = state.front
+    vocab = front.tokenizer.vocab_size
+    most = TOKENIZE_CONTEXTS * front.max_model_len
     if len(req.tokens) > most:
         raise APIError(400, f"'tokens' holds {len(req.tokens)} ids; this server detokenizes at most {most} "
                             f"({TOKENIZE_CONTEXTS} contexts)", param="tokens")
     bad = [t for t in req.tokens if not 0 <= t < vocab]
     if bad:
         raise APIError(400, f"'tokens' holds id {bad[0]}, outside 0..{vocab - 1}", param="tokens")
-    return {"prompt": state.engine.tokenizer.decode(req.tokens)}
+    return {"prompt": front.tokenizer.decode(req.tokens)}
 
 
 @router.get("/v1/server_info")
@@ -130,7 +133,7 @@ async def info(request: Request) -> dict:
                 "max_logprobs": config.max_logprobs, "max_logprob_entries": config.max_logprob_entries,
                 "max_logit_bias": config.max_logit_bias, "max_request_mb": config.max_request_mb,
                 "prefix_cache_scope": state.prefix_cache_scope}
-    return server_info(state.engine.info(), state.served_model_name, settings)
+    return server_info(state.client.info(), state.served_model_name, settings)
 
 
 class LoadWeightsRequest(BaseModel):
@@ -147,8 +150,8 @@ async def load_weights(request: Request) -> dict:
     if not state.config.allow_weight_updates:
         raise APIError(403, "weight updates are off: start the server with --allow-weight-updates",
                        type_="permission_error")
-    backend = state.async_engine
-    _ = state.engine  # a 503 while the model loads or after it failed
+    _ = state.client  # a 503 while the model loads or after it failed
+    backend = state.backend
     if not isinstance(backend, AsyncEngine):
         raise APIError(501, "load_weights runs on a single engine, not through a fleet's router",
                        type_="not_implemented_error")

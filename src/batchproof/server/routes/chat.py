@@ -10,7 +10,7 @@ from batchproof.server.formatting.chat import ChatFormatter
 from batchproof.server.messages import chat_prompt_ids
 from batchproof.server.plan import Plan, Wanted, check_model, logprobs_label, plan_request
 from batchproof.server.protocol import ChatCompletionRequest
-from batchproof.server.runner import reply, submit
+from batchproof.server.serving import reply, submit
 from batchproof.server.state import ServerState, parse_body
 from batchproof.server.structured import request_constraint
 from batchproof.server.tools.choice import ToolPlan, plan_tools
@@ -33,9 +33,10 @@ def plan_chat(req: ChatCompletionRequest, state: ServerState, key_id: str | None
     if req.top_logprobs is not None and req.logprobs is not True:
         raise APIError(400, f"'top_logprobs' ({req.top_logprobs}) requires 'logprobs' to be true, "
                             f"got 'logprobs': {req.logprobs}", param="top_logprobs")
-    engine = state.engine
-    tool_plan = plan_tools(req, engine.chat_template, engine.tokenizer)
-    prompt_ids = chat_prompt_ids(engine, req.messages, tool_plan)
+    client = state.client
+    front = client.front
+    tool_plan = plan_tools(req, front.chat_template, front.tokenizer)
+    prompt_ids = chat_prompt_ids(client, req.messages, tool_plan)
     max_tokens, name = ((req.max_completion_tokens, "max_completion_tokens") if req.max_completion_tokens is not None
                         else (req.max_tokens, "max_tokens"))
     top_logprobs = (req.top_logprobs or 0) if req.logprobs else None
@@ -43,8 +44,8 @@ def plan_chat(req: ChatCompletionRequest, state: ServerState, key_id: str | None
     if tool_plan is not None and tool_plan.constraint is not None:
         constraint = tool_plan.constraint  # required or named: the calls' grammar
     else:
-        constraint = request_constraint(req.response_format, req.structured_outputs, engine.tokenizer)
-    return plan_request(req, engine, state.limits, [prompt_ids], wanted, key_id, constraint), tool_plan
+        constraint = request_constraint(req.response_format, req.structured_outputs, front.tokenizer)
+    return plan_request(req, front, state.limits, [prompt_ids], wanted, key_id, constraint), tool_plan
 
 
 @router.post("/v1/chat/completions", response_model=None)
@@ -52,7 +53,7 @@ async def chat_completions(request: Request) -> Response:
     state: ServerState = request.app.state.server
     req, plan, tool_plan = await run_in_threadpool(_plan, await request.body(), state, tenant(request))
     submitted = await submit(state, plan, "chatcmpl")
-    formatter = ChatFormatter(submitted.request_id, state.served_model_name, state.engine.tokenizer, len(plan.choices),
+    formatter = ChatFormatter(submitted.request_id, state.served_model_name, state.front.tokenizer, len(plan.choices),
                               wants_records=req.logprobs is True, include_usage=plan.include_usage,
                               prompt_ids=plan.prompts[0], num_prompt_logprobs=req.prompt_logprobs,
                               label=logprobs_label(plan.choices[0].params), tool_plan=tool_plan,

@@ -18,7 +18,7 @@ from batchproof.server.plan import (
     plan_request,
 )
 from batchproof.server.protocol import CompletionRequest
-from batchproof.server.runner import reply, submit
+from batchproof.server.serving import reply, submit
 from batchproof.server.state import ServerState, parse_body
 from batchproof.server.structured import request_constraint
 
@@ -34,13 +34,13 @@ def _prompts(req: CompletionRequest, state: ServerState) -> list[list[int]]:
         prompt = [prompt]
     if not prompt:
         raise APIError(400, "'prompt' must not be empty, got []", param="prompt")
-    engine = state.engine
-    tokenizer = engine.tokenizer
+    front = state.front
+    tokenizer = front.tokenizer
     prompts = []
     for i, one in enumerate(prompt):
         where = "'prompt'" if len(prompt) == 1 else f"'prompt[{i}]'"
         if isinstance(one, str):
-            check_text_fits(one, tokenizer, engine.max_model_len, where, "prompt")
+            check_text_fits(one, tokenizer, front.max_model_len, where, "prompt")
             ids = tokenizer.encode(one, add_bos=tokenizer.ids.add_bos)
         else:
             bad = [t for t in one if not 0 <= t < tokenizer.vocab_size]
@@ -50,9 +50,9 @@ def _prompts(req: CompletionRequest, state: ServerState) -> list[list[int]]:
             ids = list(one)
         if not ids:
             raise APIError(400, f"{where} must not be empty", param="prompt")
-        if len(ids) > engine.max_model_len:  # at once: the next prompts are not tokenized for nothing
+        if len(ids) > front.max_model_len:  # at once: the next prompts are not tokenized for nothing
             raise APIError(400, f"{where} has {len(ids)} tokens; this model's maximum context length is "
-                                f"{engine.max_model_len} tokens", param="prompt")
+                                f"{front.max_model_len} tokens", param="prompt")
         prompts.append(ids)
     return prompts
 
@@ -72,8 +72,8 @@ def _plan(body: bytes, state: ServerState, key_id: str | None) -> tuple[Completi
     wanted = Wanted(max_tokens, "max_tokens", req.logprobs, "logprobs",
                     prompt_logprobs=max(asked) if asked else None, allow_zero_tokens=bool(req.echo),
                     max_stop_strings=MAX_COMPLETION_STOP_STRINGS)
-    constraint = request_constraint(req.response_format, req.structured_outputs, state.engine.tokenizer)
-    return req, plan_request(req, state.engine, state.limits, prompts, wanted, key_id, constraint)
+    constraint = request_constraint(req.response_format, req.structured_outputs, state.front.tokenizer)
+    return req, plan_request(req, state.front, state.limits, prompts, wanted, key_id, constraint)
 
 
 @router.post("/v1/completions", response_model=None)
@@ -85,6 +85,6 @@ async def completions(request: Request) -> Response:
                              num_prompt_logprobs=req.prompt_logprobs, include_usage=plan.include_usage,
                              label=logprobs_label(plan.choices[0].params),
                              return_token_ids=bool(req.return_token_ids))
-    formatter = CompletionsFormatter(submitted.request_id, state.served_model_name, state.engine.tokenizer,
+    formatter = CompletionsFormatter(submitted.request_id, state.served_model_name, state.front.tokenizer,
                                      plan.prompts, len(plan.choices) // len(plan.prompts), shape)
     return await reply(request, submitted, state.config.request_timeout_s, bool(req.stream), formatter)

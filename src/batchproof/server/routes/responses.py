@@ -16,7 +16,7 @@ from batchproof.server.responses.formatter import ResponsesFormatter
 from batchproof.server.responses.protocol import ResponsesRequest
 from batchproof.server.responses.translate import Message, chat_request, input_messages, renamed
 from batchproof.server.routes.chat import plan_chat
-from batchproof.server.runner import reply, submit
+from batchproof.server.serving import reply, submit
 from batchproof.server.state import ServerState, parse_body
 from batchproof.server.tools.choice import ToolPlan
 
@@ -74,7 +74,7 @@ async def create_response(request: Request) -> Response:
     def keep(response: dict[str, Any]) -> None:
         state.responses.put(key_id, response, [*conversation, *input_messages(response["output"], "output")])
 
-    formatter = ResponsesFormatter(_echo(req, response_id, state.served_model_name), state.engine.tokenizer,
+    formatter = ResponsesFormatter(_echo(req, response_id, state.served_model_name), state.front.tokenizer,
                                    wants_records=chat.logprobs is True, label=logprobs_label(plan.choices[0].params),
                                    tool_plan=tool_plan, on_done=keep if req.store is not False else None)
     return await reply(request, submitted, state.config.request_timeout_s, bool(req.stream), formatter)

@@ -1,0 +1,79 @@
+"""`batchproof bench`: load, prefill and decode speed of the engine, and of servers over HTTP.
+
+Every figure is measured in this run; `--vs URL` measures a peer server (llama.cpp's
+llama-server, say) with the same workload right after ours, so ratios compare like
+with like on one machine. A flag picks a bench of its own (`--prefix-cache`, `--fleet`,
+`--structured`), one module each here; `servers` starts what they measure and `http`
+measures it, the same way for every bench.
+"""
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+DEFAULT_PROMPT = "Write an essay on compilers."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", type=Path, help="GGUF file or packaged model name (default: smollm2-135m)")
+    parser.add_argument("--max-tokens", type=int, default=128, help="tokens per decode measurement")
+    parser.add_argument("--prompt", default=DEFAULT_PROMPT)
+    parser.add_argument("--repeats", type=int, default=5, help="runs per figure (the median is reported)")
+    parser.add_argument("--no-engine", action="store_true", help="skip the in-process engine figures")
+    parser.add_argument("--serve", action="store_true", help="start `batchproof serve` and measure it over HTTP")
+    parser.add_argument("--serve-arg", action="append", default=[], help="extra flag for the served engine")
+    parser.add_argument("--url", help="measure this OpenAI-compatible server over HTTP")
+    parser.add_argument("--vs", help="a peer server to measure with the same workload, for ratios")
+    parser.add_argument("--vs-pid", type=int, help="the peer's process id, to report its peak resident memory")
+    parser.add_argument("--concurrency", default="", help="HTTP concurrency ladder, e.g. 1,4,8,16,32")
+    parser.add_argument("--band-repeats", type=int, default=3, help="runs per ladder rung (the median run is kept)")
+    parser.add_argument("--invariance-cost", action="store_true",
+                        help="also measure the invariant engine against plain torch at batch 1, 4, 8, 16")
+    parser.add_argument("--prefix-cache", action="store_true",
+                        help="only measure the prefix cache: two servers (on and off), TTFT of a cached system "
+                             "prompt, c=16 with distinct prompts, an lm-eval multiple-choice run")
+    parser.add_argument("--fleet", action="store_true",
+                        help="`batchproof fleet` (2 replicas x 1 thread) against one server: c=16, the Ray hop, memory")
+    parser.add_argument("--structured", action="store_true",
+                        help="only measure structured output: decode under a JSON schema against free, c=1 and c=16")
+    parser.add_argument("--json", type=Path, help="also write every figure to this file")
+
+
+def run(args: argparse.Namespace) -> int:
+    # Each bench is imported only when it runs: building the CLI's parser loads this module.
+    if args.prefix_cache:
+        from batchproof.commands.bench import prefix_cache
+
+        return _own_bench(args, "prefix_cache", lambda: prefix_cache.measure(
+            args.model, args.serve_arg, args.max_tokens, args.repeats), prefix_cache.report)
+    if args.fleet:
+        from batchproof.commands.bench import fleet
+
+        return _own_bench(args, "fleet", lambda: fleet.measure(args.model, args.max_tokens, args.repeats),
+                          fleet.report)
+    if args.structured:
+        from batchproof.commands.bench import structured
+
+        return _own_bench(args, "structured", lambda: structured.measure(args.model, args.max_tokens, args.repeats),
+                          structured.report)
+    from batchproof.commands.bench import speed
+
+    return speed.run(args)
+
+
+def _own_bench(args: argparse.Namespace, key: str, measure: Callable[[], Any], report: Callable[[Any], None]) -> int:
+    """A bench of its own servers or engine (the prefix cache's, the fleet's, structured
+    output's): measure, print, save under `key`."""
+    from batchproof.commands.bench.figures import save
+
+    try:
+        figures = measure()
+    except RuntimeError as e:
+        print(f"batchproof bench: {e}", file=sys.stderr)
+        return 1
+    report(figures)
+    if args.json:
+        save(args.json, {key: figures})
+    return 0

@@ -1,0 +1,1 @@
+"""Tests of `batchproof bench`: its figures and the files they write, without a server."""
