@@ -9,14 +9,15 @@ from setuptools import Extension, setup
 compile_args = ["-O3", "-fopenmp", "-ffp-contract=off", "-fno-math-errno"]
 if platform.system() == "Darwin":
     compile_args.remove("-fopenmp")
+OPS = "src/batchproof/engine/model/ops"  # the C files, one family of kernels each; kernels.h declares them all
 
 setup(
     ext_modules=[
         Extension(
             "batchproof.engine.model.ops._kernels",
-            sources=["src/batchproof/engine/model/ops/kernels.c", "src/batchproof/engine/model/ops/quant.c",
-                     "src/batchproof/engine/model/ops/layers.c"],
-            depends=["src/batchproof/engine/model/ops/kernels.h"],
+            sources=[f"{OPS}/{name}.c" for name in ("isa", "matmul", "elementwise", "logprobs", "attention",
+                                                     "quant_dequant", "quant_linear", "layers", "module")],
+            depends=[f"{OPS}/{name}.h" for name in ("kernels", "lanes", "exp_poly", "quant")],
             extra_compile_args=compile_args,
             extra_link_args=["-fopenmp"] if "-fopenmp" in compile_args else [],
             optional=True,  # without a compiler the engine falls back to padded torch matmuls

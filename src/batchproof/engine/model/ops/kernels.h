@@ -1,72 +1,132 @@
-/* What kernels.c shares with quant.c: the matmul tile (one fixed-order sum per output)
- * and how a tile's sums are written out. quant.c feeds the same tile with weights it has
- * just dequantized, so a quantized matmul adds the same terms in the same order as the
- * float32 one over the dequantized weights: the same bits. */
+/* The kernels' one interface: every function the library exports (kernels.py binds each,
+ * library.py declares their signatures and mirrors the structs; tests/engine/
+ * test_kernels_abi.py holds those to this file), and the one way a C file picks its
+ * instruction-set path. What the C files share of the arithmetic is in lanes.h,
+ * exp_poly.h and quant.h.
+ *
+ * Why hand-written: BLAS libraries pick a different kernel, blocking and thread split
+ * for each row count, so a row's sum depends on how many rows share the call (MKL here
+ * changes results between 1, 2, 3 and 4 rows). In these kernels every output element
+ * is one vector accumulator walking K in order, reduced across lanes in one fixed
+ * sequence, computed by one thread; the row count, the row's position, the other rows
+ * and the thread count only decide which register or thread does the work, never the
+ * arithmetic.
+ */
 #ifndef BP_KERNELS_H
 #define BP_KERNELS_H
 #include <stdint.h>
 
-#define MT 4 /* rows of x per tile */
-#define NT 4 /* rows of w (outputs) per tile, at most */
-/* With several rows of x, 4 x 4 accumulators fill AVX2's 16 registers and the operands
- * spill; 4 x 3 fit (a c=16 step's matmuls ran ~30% faster). A decode step of one or two
- * rows keeps 4 outputs a tile, reading each x once for four. The shape changes no bit:
- * each output is still its own sum in its own order. */
-#define NT_BATCH 3
-
-static inline int bp_tile_width(int64_t M) { return M <= 2 ? NT : NT_BATCH; }
+/* ---------------- instruction set: speed only, never bits (isa.c) ---------------- */
 
 #if defined(__x86_64__) || defined(_M_X64)
-#include <immintrin.h>
-
-/* sum8's tree (kernels.c) in vector registers: adding the halves gives lane l plus lane
- * l + 4, movehl adds the pairs (0, 2) and (1, 3), the shuffle adds the last two. */
-__attribute__((target("avx2,fma")))
-static inline float hsum_avx2(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    return _mm_cvtss_f32(s);
-}
+#define BP_X86 1
 #endif
 
-typedef void (*tile_fn)(const float *, const float *, float *, int64_t, int64_t, int, int, const float *);
+#define BP_ISA_PORTABLE 0
+#define BP_ISA_AVX2 1   /* AVX2 + FMA + F16C */
+#define BP_ISA_AVX512 2 /* AVX512F + VL: the AVX2 code, with 32 vector registers */
 
-/* The tile of the instruction set in use (AVX-512, AVX2 or portable C): each adds the
- * same terms in the same order, so all give the same bits. */
-tile_fn bp_pick_tile(void);
-
-/* 2: AVX-512, 1: AVX2 + FMA + F16C, 0: portable (capped by bp_cap_isa_level in tests). */
+/* The level in use: the CPU's, at most the cap (tests lower it to run every path here). */
 int bp_isa_level(void);
+void bp_cap_isa_level(int cap);
+/* The name of the arithmetic: builds that report one version give the same bits. */
+const char *bp_numerics_version(void);
 
-/* sums[i * lds + j] (+ b[n + j]) into y[(m + i) * ldy + n + j], added to what is there with
- * accumulate (the residual add: one rounding per add, as torch's `y + linear(x)`). */
-static inline void bp_store_tile(const float *sums, int lds, const float *b, float *y, int64_t m, int64_t n,
-                                 int mt, int nt, int64_t ldy, int accumulate) {
-    for (int i = 0; i < mt; i++)
-        for (int j = 0; j < nt; j++) {
-            float value = sums[i * lds + j];
-            if (b) value += b[n + j];
-            float *out = y + (m + i) * ldy + n + j;
-            *out = accumulate ? *out + value : value;
-        }
-}
+/* The one way a kernel picks its path: the AVX-512, AVX2 or portable choice for the level
+ * in use (bp_isa_level, asked once). Off x86 it is the portable one and the vector names
+ * are never seen, so they need exist only under BP_X86. Every choice gives the same bits. */
+#ifdef BP_X86
+#define BP_PICK(avx512, avx2, portable)                                                          \
+    ({                                                                                           \
+        const int bp_level_ = bp_isa_level();                                                    \
+        bp_level_ >= BP_ISA_AVX512 ? (avx512) : bp_level_ >= BP_ISA_AVX2 ? (avx2) : (portable); \
+    })
+#else
+#define BP_PICK(avx512, avx2, portable) (portable)
+#endif
 
+/* What one C file defines for another: kept out of the library's exported symbols, so
+ * those are exactly the functions declared here (and a target_clones function's resolver,
+ * "name.resolver", which GCC exports regardless). */
+#define BP_INTERNAL __attribute__((visibility("hidden")))
 
-/* The per-op kernels, for the fused decode step (layers.c). */
+/* ---------------- linear: y[m, n] (+)= sum_k x[m, k] * w[n, k] (+ b[n]) ---------------- */
+
+/* matmul.c: float32 weights [N, K]. */
 void bp_linear_f32(const float *x, const float *w, const float *b, float *y, int64_t M, int64_t N, int64_t K,
                    int accumulate, int num_threads);
+/* quant_linear.c: weights in GGUF blocks of GGML type `type`, rows row_bytes apart; y's
+ * rows ldy floats apart (several weights can fill one fused output). */
 void bp_linear_q(const float *x, const uint8_t *w, int type, int64_t row_bytes, const float *b, float *y,
                  int64_t ldy, int64_t M, int64_t N, int64_t K, int accumulate, int num_threads);
+/* quant_dequant.c: rows ids[0..n) of a [rows, K] weight -> out [n, K] (the embedding lookup),
+ * and a type's block: its bytes and weights (0 for a type we do not run). */
+void bp_dequant_rows(const uint8_t *w, int type, int64_t row_bytes, int64_t K, const int64_t *ids, int64_t n,
+                     float *out);
+int64_t bp_block_bytes(int type);
+int64_t bp_block_elems(int type);
+
+/* ---------------- per row (elementwise.c) ---------------- */
+
 void bp_rms_norm_f32(const float *x, const float *w, float *y, int64_t rows, int64_t dim, float eps);
 void bp_rope_f32(float *x, int64_t rows, int64_t row_stride, int64_t heads, int64_t head_dim, int64_t rope_dim,
                  const int64_t *positions, const float *cos_table, const float *sin_table, int style);
 void bp_silu_mul_f32(const float *gate_up, float *y, int64_t rows, int64_t ffn);
 void bp_gelu_tanh_mul_f32(const float *gate_up, float *y, int64_t rows, int64_t ffn);
+
+/* ---------------- logprobs and the greedy choice (logprobs.c) ---------------- */
+
+void bp_first_max_f32(const float *logits, int64_t B, int64_t V, int64_t *ids);
+void bp_top_k_logprobs_f32(const float *logits, int64_t B, int64_t V, int64_t k, int64_t *ids, float *values,
+                           float *row_max, float *log_total, int64_t *counts);
+
+/* ---------------- attention (attention.c) ---------------- */
+
 void bp_decode_attention_f32(const float *q, const float *k_cache, const float *v_cache, float *out,
                              const int64_t *slots, const int64_t *lengths, int64_t B, int64_t H, int64_t KVH,
                              int64_t D, int64_t max_len, int64_t window, float scale, int num_threads);
 void bp_prompt_attention_f32(const float *q, const float *k_cache, const float *v_cache, float *out, int64_t slot,
                              int64_t start, int64_t n, int64_t H, int64_t KVH, int64_t D, int64_t max_len,
                              int64_t window, float scale, int num_threads);
+
+/* ---------------- one decode step's layers in one call (layers.c) ---------------- */
+
+#define BP_MAX_PARTS 4
+
+/* A matmul weight: up to BP_MAX_PARTS tensors side by side (Q, K, V may differ in type). */
+typedef struct {
+    int32_t num_parts;
+    int32_t types[BP_MAX_PARTS]; /* GGML type ids; a single F32 part runs the float32 kernel */
+    const uint8_t *data[BP_MAX_PARTS];
+    int64_t rows[BP_MAX_PARTS];
+    int64_t row_bytes[BP_MAX_PARTS];
+} bp_weight;
+
+typedef struct {
+    const float *attn_norm, *ffn_norm, *bqkv; /* bqkv may be NULL */
+    bp_weight wqkv, wo, w_gate_up, w_down;
+    float *k_cache, *v_cache; /* this layer's [slots, kv_heads, max_len, head_dim] */
+} bp_layer;
+
+typedef struct {
+    int64_t dim, ffn_dim, num_heads, num_kv_heads, head_dim, rope_dim, max_len;
+    int32_t rope_style;
+    float eps, scale;
+    const float *cos_table, *sin_table;
+} bp_shape;
+
+void bp_decode_layers(const bp_shape *s, const bp_layer *layers, int64_t num_layers, float *x, int64_t M,
+                      const int64_t *positions, const int64_t *slots, int num_threads);
+
+/* ---------------- the structs' layout as compiled (module.c) ---------------- */
+
+/* Struct `which`: its size, and field `field`'s name and byte offset (NULL and -1 past
+ * the last; -1 for no such struct), so that Python checks its mirrors at every load. */
+#define BP_ABI_WEIGHT 0
+#define BP_ABI_LAYER 1
+#define BP_ABI_SHAPE 2
+int64_t bp_abi_sizeof(int which);
+const char *bp_abi_field(int which, int field);
+int64_t bp_abi_offset(int which, int field);
+
 #endif

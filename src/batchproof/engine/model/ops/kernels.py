@@ -1,55 +1,15 @@
-"""ctypes bindings to the batch-invariant CPU kernels in kernels.c, with torch checks."""
+"""The batch-invariant CPU kernels (the C files beside this one) on torch tensors: shapes
+checked, outputs allocated, each call one C function bound in library.py."""
 
 import ctypes
-import importlib.util
-from functools import cache
 
 import torch
 
+from batchproof.engine.model.ops.library import MAX_PARTS, Layer, Shape, Weight
+from batchproof.engine.model.ops.library import load_library as _library
 from batchproof.engine.model.weights import QuantWeight
 
 ISA_NAMES = {2: "avx512", 1: "avx2", 0: "portable"}
-
-
-@cache
-def _library() -> ctypes.CDLL | None:
-    spec = importlib.util.find_spec("batchproof.engine.model.ops._kernels")
-    if spec is None or spec.origin is None:
-        return None
-    lib = ctypes.CDLL(spec.origin)
-    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.bp_linear_f32.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, ctypes.c_int, ctypes.c_int]
-    lib.bp_linear_f32.restype = None
-    lib.bp_rms_norm_f32.argtypes = [ptr, ptr, ptr, i64, i64, ctypes.c_float]
-    lib.bp_rms_norm_f32.restype = None
-    lib.bp_rope_f32.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr, ptr, ctypes.c_int]
-    lib.bp_rope_f32.restype = None
-    lib.bp_top_k_logprobs_f32.argtypes = [ptr, i64, i64, i64, ptr, ptr, ptr, ptr, ptr]
-    lib.bp_top_k_logprobs_f32.restype = None
-    lib.bp_first_max_f32.argtypes = [ptr, i64, i64, ptr]
-    lib.bp_first_max_f32.restype = None
-    lib.bp_silu_mul_f32.argtypes = [ptr, ptr, i64, i64]
-    lib.bp_silu_mul_f32.restype = None
-    lib.bp_gelu_tanh_mul_f32.argtypes = [ptr, ptr, i64, i64]
-    lib.bp_gelu_tanh_mul_f32.restype = None
-    lib.bp_decode_attention_f32.argtypes = [ptr] * 6 + [i64] * 6 + [ctypes.c_float, ctypes.c_int]
-    lib.bp_decode_attention_f32.restype = None
-    lib.bp_prompt_attention_f32.argtypes = [ptr] * 4 + [i64] * 8 + [ctypes.c_float, ctypes.c_int]
-    lib.bp_prompt_attention_f32.restype = None
-    lib.bp_linear_q.argtypes = [ptr, ptr, ctypes.c_int, i64, ptr, ptr, i64, i64, i64, i64, ctypes.c_int,
-                                ctypes.c_int]
-    lib.bp_linear_q.restype = None
-    lib.bp_dequant_rows.argtypes = [ptr, ctypes.c_int, i64, i64, ptr, i64, ptr]
-    lib.bp_dequant_rows.restype = None
-    lib.bp_block_bytes.argtypes = [ctypes.c_int]
-    lib.bp_block_bytes.restype = i64
-    lib.bp_decode_layers.argtypes = [ptr, ptr, i64, ptr, i64, ptr, ptr, ctypes.c_int]
-    lib.bp_decode_layers.restype = None
-    lib.bp_isa_level.restype = ctypes.c_int
-    lib.bp_cap_isa_level.argtypes = [ctypes.c_int]
-    lib.bp_cap_isa_level.restype = None
-    lib.bp_numerics_version.restype = ctypes.c_char_p
-    return lib
 
 
 def available() -> bool:
@@ -106,6 +66,13 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, num_threads
 def runs_natively(qtype: int) -> bool:
     """Whether our kernels multiply this GGML type straight from its blocks."""
     return _library().bp_block_bytes(qtype) > 0
+
+
+def block_size(qtype: int) -> tuple[int, int]:
+    """(weights, bytes) of one block of a GGML type, as gguf's GGML_QUANT_SIZES; (0, 0) for
+    a type our kernels do not run."""
+    lib = _library()
+    return lib.bp_block_elems(qtype), lib.bp_block_bytes(qtype)
 
 
 def linear_q(x: torch.Tensor, w: QuantWeight, b: torch.Tensor | None, num_threads: int,
@@ -233,30 +200,8 @@ def prompt_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
 # --- the fused decode step: every layer in one call (layers.c) ----------------------------------
 
-MAX_PARTS = 4
-
-
-class _Weight(ctypes.Structure):
-    _fields_ = [("num_parts", ctypes.c_int32), ("types", ctypes.c_int32 * MAX_PARTS),
-                ("data", ctypes.c_void_p * MAX_PARTS), ("rows", ctypes.c_int64 * MAX_PARTS),
-                ("row_bytes", ctypes.c_int64 * MAX_PARTS)]
-
-
-class _Layer(ctypes.Structure):
-    _fields_ = [("attn_norm", ctypes.c_void_p), ("ffn_norm", ctypes.c_void_p), ("bqkv", ctypes.c_void_p),
-                ("wqkv", _Weight), ("wo", _Weight), ("w_gate_up", _Weight), ("w_down", _Weight),
-                ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p)]
-
-
-class _Shape(ctypes.Structure):
-    _fields_ = [("dim", ctypes.c_int64), ("ffn_dim", ctypes.c_int64), ("num_heads", ctypes.c_int64),
-                ("num_kv_heads", ctypes.c_int64), ("head_dim", ctypes.c_int64), ("rope_dim", ctypes.c_int64),
-                ("max_len", ctypes.c_int64), ("rope_style", ctypes.c_int32), ("eps", ctypes.c_float),
-                ("scale", ctypes.c_float), ("cos_table", ctypes.c_void_p), ("sin_table", ctypes.c_void_p)]
-
-
-def _weight(w: torch.Tensor | QuantWeight) -> _Weight:
-    out = _Weight()
+def _weight(w: torch.Tensor | QuantWeight) -> Weight:
+    out = Weight()
     if isinstance(w, QuantWeight):
         assert len(w.parts) <= MAX_PARTS
         out.num_parts = len(w.parts)
@@ -278,15 +223,15 @@ class DecodeLayers:
                  v_cache: torch.Tensor, scale: float) -> None:
         assert k_cache.is_contiguous() and v_cache.is_contiguous()
         self.keep = (layers, rope_cos, rope_sin, k_cache, v_cache)
-        self.shape = _Shape(spec.dim, spec.ffn_dim, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.rope_dim,
-                            k_cache.shape[3], 0 if spec.rope_style == "adjacent" else 1, spec.norm_eps, scale,
-                            rope_cos.data_ptr(), rope_sin.data_ptr())
-        self.layers = (_Layer * len(layers))()
+        self.shape = Shape(spec.dim, spec.ffn_dim, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.rope_dim,
+                           k_cache.shape[3], 0 if spec.rope_style == "adjacent" else 1, spec.norm_eps, scale,
+                           rope_cos.data_ptr(), rope_sin.data_ptr())
+        self.layers = (Layer * len(layers))()
         for i, layer in enumerate(layers):
-            self.layers[i] = _Layer(layer.attn_norm.data_ptr(), layer.ffn_norm.data_ptr(),
-                                    None if layer.bqkv is None else layer.bqkv.data_ptr(),
-                                    _weight(layer.wqkv), _weight(layer.wo), _weight(layer.w_gate_up),
-                                    _weight(layer.w_down), k_cache[i].data_ptr(), v_cache[i].data_ptr())
+            self.layers[i] = Layer(layer.attn_norm.data_ptr(), layer.ffn_norm.data_ptr(),
+                                   None if layer.bqkv is None else layer.bqkv.data_ptr(),
+                                   _weight(layer.wqkv), _weight(layer.wo), _weight(layer.w_gate_up),
+                                   _weight(layer.w_down), k_cache[i].data_ptr(), v_cache[i].data_ptr())
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, num_threads: int) -> None:
         """x: [rows, dim] residual stream, updated in place through every layer."""

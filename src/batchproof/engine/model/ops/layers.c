@@ -4,36 +4,13 @@
  * ten calls, their tensors and checks, per layer per step).
  *
  * For llama / qwen2 layouts (no per-head Q/K norm). The caller describes each layer once
- * (bp_layer: weight pointers and types, this layer's slice of the KV cache) and passes
- * the residual stream x, which is updated in place.
+ * (bp_layer in kernels.h: weight pointers and types, this layer's slice of the KV cache)
+ * and passes the residual stream x, which is updated in place.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "kernels.h"
-
-#define MAX_PARTS 4
-
-typedef struct {
-    int32_t num_parts;
-    int32_t types[MAX_PARTS]; /* GGML type ids; a single F32 part runs the float32 kernel */
-    const uint8_t *data[MAX_PARTS];
-    int64_t rows[MAX_PARTS];
-    int64_t row_bytes[MAX_PARTS];
-} bp_weight;
-
-typedef struct {
-    const float *attn_norm, *ffn_norm, *bqkv; /* bqkv may be NULL */
-    bp_weight wqkv, wo, w_gate_up, w_down;
-    float *k_cache, *v_cache; /* this layer's [slots, kv_heads, max_len, head_dim] */
-} bp_layer;
-
-typedef struct {
-    int64_t dim, ffn_dim, num_heads, num_kv_heads, head_dim, rope_dim, max_len;
-    int32_t rope_style;
-    float eps, scale;
-    const float *cos_table, *sin_table;
-} bp_shape;
 
 static void linear(const bp_weight *w, const float *x, const float *b, float *y, int64_t M, int64_t K,
                    int accumulate, int num_threads) {

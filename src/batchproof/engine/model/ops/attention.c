@@ -1,0 +1,218 @@
+/* Attention over the KV cache, one query row and head at a time: a decode step's rows each
+ * against their own sequence's keys, and a prompt's rows (four at a time sharing their key
+ * loads) with the bits of a decode step at their positions. Softmax through exp_poly.
+ */
+#include <Python.h> /* PyMem_RawMalloc: the scores buffer, from Python's allocator (no API use) */
+#include <math.h>
+#include <stdint.h>
+
+#include "exp_poly.h"
+#include "lanes.h"
+
+/* ---------------- decode attention, one sequence at a time ---------------- */
+
+/* Softmax in three steps that every path shares: the largest score, each score's exp
+ * less it (exp_poly, lane by lane), and 1 / their total, summed in key order. */
+static float max_score(const float *s, int64_t L) {
+    float top = -INFINITY;
+    for (int64_t j = 0; j < L; j++)
+        if (s[j] > top) top = s[j];
+    return top;
+}
+
+static void exp_shifted_scalar(float *s, int64_t L, float shift) {
+    for (int64_t j = 0; j < L; j++) s[j] = exp_poly(s[j] - shift);
+}
+
+static float inverse_total(const float *s, int64_t L) {
+    float total = 0.0f;
+    for (int64_t j = 0; j < L; j++) total += s[j];
+    return 1.0f / total;
+}
+
+/* One query head against its sequence's L keys: softmax(q.k * scale) @ v. A key's score
+ * is a dot8 over D; an output lane is one fused accumulator over the keys in position
+ * order. scores has room for L floats. */
+static void attend_scalar(const float *q, const float *keys, const float *values, float *o, float *scores,
+                          int64_t L, int64_t D, float scale) {
+    for (int64_t j = 0; j < L; j++) scores[j] = bp_dot8_scalar(q, keys + j * D, D) * scale;
+    exp_shifted_scalar(scores, L, max_score(scores, L));
+    float inv = inverse_total(scores, L);
+    for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
+    for (int64_t j = 0; j < L; j++)
+        for (int64_t d = 0; d < D; d++) o[d] = fmaf(scores[j], values[j * D + d], o[d]);
+    for (int64_t d = 0; d < D; d++) o[d] *= inv;
+}
+
+/* The vector version below keeps attend_scalar's arithmetic. Four keys' scores, and
+ * several lanes of the output, are in flight at once only to hide FMA latency: they are
+ * independent chains, so the bits of every element are those of the one-at-a-time loop. */
+#ifdef BP_X86
+__attribute__((target("avx2,fma")))
+static void exp_shifted_avx2(float *s, int64_t L, float shift) {
+    for (int64_t j = 0; j < L; j += 8) {
+        __m256i mask = tail_mask_avx2(j, L);
+        __m256 v = _mm256_sub_ps(_mm256_maskload_ps(s + j, mask), _mm256_set1_ps(shift));
+        _mm256_maskstore_ps(s + j, mask, exp_poly_avx2(v));
+    }
+}
+
+/* Needs D % 64 == 0 (every head size here); attend_scalar, with the same bits, takes the rest. */
+__attribute__((target("avx2,fma")))
+static void attend_avx2(const float *q, const float *keys, const float *values, float *o, float *scores,
+                        int64_t L, int64_t D, float scale) {
+    if (D % 64 != 0) {
+        attend_scalar(q, keys, values, o, scores, L, D, scale);
+        return;
+    }
+    int64_t j = 0;
+    for (; j + 4 <= L; j += 4) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+        const float *k0 = keys + j * D;
+        for (int64_t d = 0; d < D; d += 8) {
+            __m256 qv = _mm256_loadu_ps(q + d);
+            a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + d), a0);
+            a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + D + d), a1);
+            a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 2 * D + d), a2);
+            a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 3 * D + d), a3);
+        }
+        scores[j] = hsum_avx2(a0) * scale;
+        scores[j + 1] = hsum_avx2(a1) * scale;
+        scores[j + 2] = hsum_avx2(a2) * scale;
+        scores[j + 3] = hsum_avx2(a3) * scale;
+    }
+    for (; j < L; j++) scores[j] = bp_dot8_avx2(q, keys + j * D, D) * scale;
+    exp_shifted_avx2(scores, L, max_score(scores, L));
+    __m256 inv = _mm256_set1_ps(inverse_total(scores, L));
+    for (int64_t d = 0; d < D; d += 64) {  /* eight lanes' accumulators at a time */
+        __m256 a[8];
+        for (int c = 0; c < 8; c++) a[c] = _mm256_setzero_ps();
+        for (j = 0; j < L; j++) {
+            __m256 p = _mm256_set1_ps(scores[j]);
+            const float *vr = values + j * D + d;
+            for (int c = 0; c < 8; c++) a[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 8 * c), a[c]);
+        }
+        for (int c = 0; c < 8; c++) _mm256_storeu_ps(o + d + 8 * c, _mm256_mul_ps(a[c], inv));
+    }
+}
+#endif
+
+typedef void (*attend_fn)(const float *, const float *, const float *, float *, float *, int64_t, int64_t, float);
+
+/* The first key a query of length L sees: with a sliding window W (0: none) the row at
+ * position L - 1 attends keys max(0, L - W)..L - 1. */
+static inline int64_t window_start(int64_t L, int64_t window) { return window > 0 && L > window ? L - window : 0; }
+
+/* q: [B, H, D]; caches: [slots, KVH, max_len, D] for one layer; out: [B, H, D].
+ * Row b attends to positions window_start..lengths[b]-1 of slot slots[b]: only its own
+ * keys, in order, so its result never depends on the other rows. */
+void bp_decode_attention_f32(const float *q, const float *k_cache, const float *v_cache, float *out,
+                             const int64_t *slots, const int64_t *lengths, int64_t B, int64_t H, int64_t KVH,
+                             int64_t D, int64_t max_len, int64_t window, float scale, int num_threads) {
+    attend_fn attend = BP_PICK(attend_avx2, attend_avx2, attend_scalar);
+    int64_t group = H / KVH;
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t bh = 0; bh < B * H; bh++) {
+        int64_t b = bh / H, h = bh % H, lo = window_start(lengths[b], window), L = lengths[b] - lo;
+        int64_t base = ((slots[b] * KVH + h / group) * max_len + lo) * D;
+        float *scores = (float *)PyMem_RawMalloc((size_t)L * sizeof(float));
+        attend(q + bh * D, k_cache + base, v_cache + base, out + bh * D, scores, L, D, scale);
+        PyMem_RawFree(scores);
+    }
+}
+
+/* ---------------- prompt attention: consecutive rows of one slot ---------------- */
+
+#define PROMPT_ROWS 4
+
+#ifdef BP_X86
+/* R <= PROMPT_ROWS query rows of one head at consecutive positions; row r attends keys
+ * 0..L0+r-1. Each key and value row is loaded once for all R rows (the reason this
+ * exists: one row at a time reads every key R times), but every row's arithmetic is
+ * attend_avx2's: a key's score is one accumulator over D then one horizontal sum, an
+ * output lane one accumulator over the keys in order. So a prompt row has the bits of a
+ * decode step at its position. Needs D % 16 == 0. */
+__attribute__((target("avx2,fma")))
+static void attend_rows_avx2(const float *q, int64_t q_stride, const float *keys, const float *values, float *o,
+                             int64_t o_stride, float *scores, int R, int64_t L0, int64_t D, float scale) {
+    int64_t S = L0 + R;  /* each row's stretch of `scores` */
+    int64_t j = 0;
+    for (; j < L0; j++) {  /* keys every row sees */
+        __m256 acc[PROMPT_ROWS];
+        for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+        for (int64_t d = 0; d < D; d += 8) {
+            __m256 kv = _mm256_loadu_ps(keys + j * D + d);
+            for (int r = 0; r < R; r++) acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + r * q_stride + d), kv, acc[r]);
+        }
+        for (int r = 0; r < R; r++) scores[r * S + j] = hsum_avx2(acc[r]) * scale;
+    }
+    for (int r = 1; r < R; r++)  /* the later rows' own last keys */
+        for (j = L0; j < L0 + r; j++) scores[r * S + j] = bp_dot8_avx2(q + r * q_stride, keys + j * D, D) * scale;
+    float inv[PROMPT_ROWS];
+    for (int r = 0; r < R; r++) {
+        float *sr = scores + r * S;
+        exp_shifted_avx2(sr, L0 + r, max_score(sr, L0 + r));
+        inv[r] = inverse_total(sr, L0 + r);
+    }
+    for (int64_t d = 0; d < D; d += 16) {
+        __m256 a0[PROMPT_ROWS], a1[PROMPT_ROWS];
+        for (int r = 0; r < R; r++) a0[r] = a1[r] = _mm256_setzero_ps();
+        for (j = 0; j < L0; j++) {
+            __m256 v0 = _mm256_loadu_ps(values + j * D + d), v1 = _mm256_loadu_ps(values + j * D + d + 8);
+            for (int r = 0; r < R; r++) {
+                __m256 p = _mm256_set1_ps(scores[r * S + j]);
+                a0[r] = _mm256_fmadd_ps(p, v0, a0[r]);
+                a1[r] = _mm256_fmadd_ps(p, v1, a1[r]);
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            for (j = L0; j < L0 + r; j++) {
+                __m256 p = _mm256_set1_ps(scores[r * S + j]);
+                a0[r] = _mm256_fmadd_ps(p, _mm256_loadu_ps(values + j * D + d), a0[r]);
+                a1[r] = _mm256_fmadd_ps(p, _mm256_loadu_ps(values + j * D + d + 8), a1[r]);
+            }
+            __m256 iv = _mm256_set1_ps(inv[r]);
+            _mm256_storeu_ps(o + r * o_stride + d, _mm256_mul_ps(a0[r], iv));
+            _mm256_storeu_ps(o + r * o_stride + d + 8, _mm256_mul_ps(a1[r], iv));
+        }
+    }
+}
+#endif
+
+typedef void (*attend_rows_fn)(const float *, int64_t, const float *, const float *, float *, int64_t, float *, int,
+                               int64_t, int64_t, float);
+
+/* q, out: [n, H, D] at positions start..start+n-1 of one slot, whose keys are already in
+ * the cache; row i attends positions window_start..start+i. Equal, row for row, to
+ * bp_decode_attention_f32 with lengths start+1..start+n and the same window. */
+void bp_prompt_attention_f32(const float *q, const float *k_cache, const float *v_cache, float *out, int64_t slot,
+                             int64_t start, int64_t n, int64_t H, int64_t KVH, int64_t D, int64_t max_len,
+                             int64_t window, float scale, int num_threads) {
+    attend_fn attend = BP_PICK(attend_avx2, attend_avx2, attend_scalar);
+    attend_rows_fn attend_rows = BP_PICK(attend_rows_avx2, attend_rows_avx2, NULL);
+    if (D % 64 != 0) attend_rows = NULL; /* it keeps attend_avx2's arithmetic, which needs D % 64 == 0 */
+    int64_t group = H / KVH, blocks = (n + PROMPT_ROWS - 1) / PROMPT_ROWS;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads)
+    for (int64_t bh = 0; bh < blocks * H; bh++) {
+        /* The last blocks hold the longest rows: hand them out first. */
+        int64_t blk = blocks - 1 - bh / H, h = bh % H, r0 = blk * PROMPT_ROWS;
+        int R = (int)(n - r0 < PROMPT_ROWS ? n - r0 : PROMPT_ROWS);
+        int64_t L0 = start + r0 + 1;
+        const float *keys = k_cache + (slot * KVH + h / group) * max_len * D;
+        const float *values = v_cache + (slot * KVH + h / group) * max_len * D;
+        float *scores = (float *)PyMem_RawMalloc((size_t)(L0 + R) * R * sizeof(float));
+        /* Rows that share key 0 share their loads; once the window cuts in, each row runs alone. */
+        if (attend_rows && window_start(L0 + R - 1, window) == 0) {
+            attend_rows(q + (r0 * H + h) * D, H * D, keys, values, out + (r0 * H + h) * D, H * D, scores, R, L0, D,
+                        scale);
+            PyMem_RawFree(scores);
+            continue;
+        }
+        for (int r = 0; r < R; r++) {
+            int64_t lo = window_start(L0 + r, window);
+            attend(q + ((r0 + r) * H + h) * D, keys + lo * D, values + lo * D, out + ((r0 + r) * H + h) * D, scores,
+                   L0 + r - lo, D, scale);
+        }
+        PyMem_RawFree(scores);
+    }
+}

@@ -1,0 +1,44 @@
+/* Which instruction set runs, and the name of the arithmetic they all share.
+ *
+ * Why the same bits on every x86 host: replicas of one server may run on machines with
+ * AVX-512, with only AVX2, or on the portable build, and must give the same logits and
+ * logprobs. So the instruction set only decides how fast an operation runs, never which
+ * operations run: every reduction has one logical layout (8 lanes, lane l fusing the
+ * terms k = l mod 8 in increasing k, a zero-padded tail, then the tree of sum8), every
+ * elementwise function one sequence of IEEE operations (fused exactly where the vector
+ * code fuses: the portable code calls fmaf there, and the build's -ffp-contract=off
+ * keeps the compiler from fusing anything else), and nothing calls libm's expf or logf,
+ * whose last bit depends on the host's libm and which of its variants the CPU selects.
+ * NUMERICS_VERSION names this arithmetic; change it whenever any kernel's bits change.
+ */
+#include "kernels.h"
+
+#define NUMERICS_VERSION "fixed-order-w8-v1"
+
+/* The server puts this into the identity of its numbers: replicas agree bit for bit
+ * exactly when their kernels report the same version. */
+const char *bp_numerics_version(void) { return NUMERICS_VERSION; }
+
+/* ---------------- instruction set: speed only, never bits ---------------- */
+
+static int isa_cap = BP_ISA_AVX512; /* lowered by tests, to run the AVX2 and portable paths here too */
+
+static int detected_level = -1; /* the CPU's, found once (the matmuls ask per call) */
+
+/* 2: AVX-512 (the AVX2 code, with 32 vector registers for the matmul tile), 1: AVX2 + FMA
+ * + F16C, 0: portable. Every level gives the same bits; only the speed differs. */
+int bp_isa_level(void) {
+    if (detected_level < 0) {
+        int level = BP_ISA_PORTABLE;
+#ifdef BP_X86
+        __builtin_cpu_init();
+        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) level = BP_ISA_AVX512;
+        else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+            level = BP_ISA_AVX2;
+#endif
+        detected_level = level; /* threads racing here all write the same value */
+    }
+    return detected_level < isa_cap ? detected_level : isa_cap;
+}
+
+void bp_cap_isa_level(int cap) { isa_cap = cap; }

@@ -1,0 +1,80 @@
+/* What the kernel files share of the one fixed-order sum: 8 lanes, lane l fusing the terms
+ * k = l mod 8 in increasing k, a zero-padded tail, then the tree of sum8. Here are that
+ * tree (and its vector twin), the tail mask, the dot product every score and norm uses
+ * (matmul.c), and the matmul tile, which quant_linear.c feeds with weights it has just
+ * dequantized: so a quantized matmul adds the same terms in the same order as the float32
+ * one over the dequantized weights, the same bits. Not part of the interface (kernels.h). */
+#ifndef BP_LANES_H
+#define BP_LANES_H
+#include <stdint.h>
+
+#include "kernels.h"
+
+#ifdef BP_X86
+#include <immintrin.h>
+#endif
+
+/* Eight lanes into one: lane l with lane l + 4, then the pairs (0, 2) and (1, 3) of those,
+ * then the last two. hsum_avx2 is this tree in vector registers. */
+static inline float sum8(const float lane[8]) {
+    float t0 = lane[0] + lane[4], t1 = lane[1] + lane[5], t2 = lane[2] + lane[6], t3 = lane[3] + lane[7];
+    return (t0 + t2) + (t1 + t3);
+}
+
+#ifdef BP_X86
+/* sum8's tree in vector registers: adding the halves gives lane l plus lane l + 4, movehl
+ * adds the pairs (0, 2) and (1, 3), the shuffle adds the last two. */
+__attribute__((target("avx2,fma")))
+static inline float hsum_avx2(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+
+/* Lanes k..k+7 of a row of n: all-ones where k + lane < n (the row's tail is masked). */
+__attribute__((target("avx2,fma")))
+static inline __m256i tail_mask_avx2(int64_t k, int64_t n) {
+    int left = (int)(n - k < 8 ? n - k : 8);
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+#endif
+
+/* sum_k a[k] * b[k] in the 8-lane layout (matmul.c); the AVX2 one in one register. */
+typedef float (*dot_fn)(const float *, const float *, int64_t);
+BP_INTERNAL float bp_dot8_scalar(const float *a, const float *b, int64_t K);
+#ifdef BP_X86
+BP_INTERNAL __attribute__((target("avx2,fma"))) float bp_dot8_avx2(const float *a, const float *b, int64_t K);
+#endif
+
+/* ---------------- the matmul tile (matmul.c) ---------------- */
+
+#define MT 4 /* rows of x per tile */
+#define NT 4 /* rows of w (outputs) per tile, at most */
+/* With several rows of x, 4 x 4 accumulators fill AVX2's 16 registers and the operands
+ * spill; 4 x 3 fit (a c=16 step's matmuls ran ~30% faster). A decode step of one or two
+ * rows keeps 4 outputs a tile, reading each x once for four. The shape changes no bit:
+ * each output is still its own sum in its own order. */
+#define NT_BATCH 3
+
+static inline int bp_tile_width(int64_t M) { return M <= 2 ? NT : NT_BATCH; }
+
+typedef void (*tile_fn)(const float *, const float *, float *, int64_t, int64_t, int, int, const float *);
+
+/* The tile of the instruction set in use (AVX-512, AVX2 or portable C): each adds the
+ * same terms in the same order, so all give the same bits. */
+BP_INTERNAL tile_fn bp_pick_tile(void);
+
+/* sums[i * lds + j] (+ b[n + j]) into y[(m + i) * ldy + n + j], added to what is there with
+ * accumulate (the residual add: one rounding per add, as torch's `y + linear(x)`). */
+static inline void bp_store_tile(const float *sums, int lds, const float *b, float *y, int64_t m, int64_t n,
+                                 int mt, int nt, int64_t ldy, int accumulate) {
+    for (int i = 0; i < mt; i++)
+        for (int j = 0; j < nt; j++) {
+            float value = sums[i * lds + j];
+            if (b) value += b[n + j];
+            float *out = y + (m + i) * ldy + n + j;
+            *out = accumulate ? *out + value : value;
+        }
+}
+#endif
