@@ -241,7 +241,7 @@ def test_the_default_model_gives_the_same_logits_and_logprobs(level, engine):
 # --- the version names the bits --------------------------------------------------------------
 
 # The SHA-256 of fingerprint()'s bits under each numerics version. A change to any kernel's
-# arithmetic fails this test until NUMERICS_VERSION (kernels.c) is bumped and the new
+# arithmetic fails this test until NUMERICS_VERSION (isa.c) is bumped and the new
 # version's digest is recorded here: replicas that report one version agree bit for bit.
 # Recorded on an AVX2 host; an AVX-512 host running this test checks itself against it.
 FINGERPRINTS = {
