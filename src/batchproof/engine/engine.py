@@ -12,6 +12,7 @@ import torch
 from batchproof.engine.config import EngineConfig
 from batchproof.engine.grammar.state import GrammarState
 from batchproof.engine.kv_cache import KVCache
+from batchproof.engine.memory import trim_heap
 from batchproof.engine.model.gguf_file import ModelLoadError, ModelSpec
 from batchproof.engine.model.known_models import resolve_model
 from batchproof.engine.model.model_source import model_sha256, read_model
@@ -89,6 +90,7 @@ class Engine:
         with torch.inference_mode():
             self.model = Transformer.from_model_file(model_file, self.device, self.dtype, self.max_model_len, ops)
         del model_file
+        trim_heap()  # what building the tokenizer and reading the file dropped
         s = self.spec
         self.cache = KVCache(s.num_layers, config.max_batch, s.num_kv_heads, self.max_model_len, s.head_dim,
                              self.device, self.dtype)
