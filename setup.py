@@ -15,7 +15,7 @@ setup(
     ext_modules=[
         Extension(
             "batchproof.engine.model.ops._kernels",
-            sources=[f"{OPS}/{name}.c" for name in ("isa", "matmul", "elementwise", "logprobs", "attention",
+            sources=[f"{OPS}/{name}.c" for name in ("isa", "matmul", "elementwise", "logprobs", "attention", "peak",
                                                      "quant_dequant", "quant_linear", "layers", "module")],
             depends=[f"{OPS}/{name}.h" for name in ("kernels", "lanes", "exp_poly", "quant")],
             extra_compile_args=compile_args,

@@ -19,6 +19,7 @@ pytestmark = pytest.mark.skipif(not kernels.available(), reason="the kernels are
 
 OPS = Path(library.__file__).parent
 SCALARS = {"int": ctypes.c_int, "int32_t": ctypes.c_int32, "int64_t": ctypes.c_int64, "float": ctypes.c_float,
+           "double": ctypes.c_double,
            "void": None}
 PROTOTYPE = re.compile(r"^((?:const\s+)?\w+[\s*]+?)(bp_\w+)\(([^)]*)\);", re.M)
 STRUCT = re.compile(r"typedef struct \{(.*?)\} (bp_\w+);", re.S)

@@ -17,7 +17,7 @@ def test_engine_and_invariance_cost(tmp_path):
                                       "--invariance-cost", "--json", str(out)])
     assert args.run(args) == 0
     row = json.loads(out.read_text())
-    assert list(row) == ["machine", "engine", "invariance_cost", "ratios"]
+    assert list(row) == ["machine", "engine", "invariance_cost", "roofline", "ratios"]
     assert list(row["engine"]) == ENGINE_KEYS
     assert [len(runs) for runs in row["engine"]["decode_runs"]] == [1, 1]
     assert row["engine"]["prefill_tok_s"] > 0 and row["engine"]["info"]["model_path"] == str(model)
@@ -25,7 +25,12 @@ def test_engine_and_invariance_cost(tmp_path):
     assert [r["batch"] for r in rows] == [1, 4, 8, 16]
     assert list(rows[0]) == ["batch", "invariant_tok_s", "torch_tok_s", "ratio"]
     assert list(run) == ["decode_paths", "max_tokens", "repeats"] and run["max_tokens"] == 4
-    assert row["ratios"] == [row["ratios"][0]] and row["ratios"][0].startswith("logprobs cost (top_logprobs 20, engine")
+    line = row["roofline"]
+    assert line["fma_peak_gflops"] > 0 and line["c16_gflops"] is None  # no server, no c=16 band
+    # c=1 without a server is the engine's single stream, read against the bytes a step reads
+    assert abs(line["c1_gb_s"] - line["bytes_per_step"] * row["engine"]["decode_tok_s"] / 1e9) < 1e-3
+    assert row["ratios"][0].startswith("logprobs cost (top_logprobs 20, engine")
+    assert [r.split(":")[0] for r in row["ratios"][1:]] == ["roofline", "roofline c=1"]
 
 
 def test_structured(tmp_path):
@@ -38,3 +43,26 @@ def test_structured(tmp_path):
     assert list(row) == ["model", "vocab", "max_tokens", "repeats", "rows"] and row["model"] == "tiny.gguf"
     assert [r["concurrency"] for r in row["rows"]] == [1, 16]
     assert list(row["rows"][0]) == ["concurrency", "free_tok_s", "constrained_tok_s", "cost", "mask_wait_ms_per_step"]
+
+
+def test_the_footprint_counts_what_the_spec_says(tmp_path):
+    """The roofline's operations a token, from the loaded weights' shapes, against the same
+    count from the hyperparameters alone; its bytes against the weights' own sizes."""
+    from batchproof.commands.bench import in_process, roofline
+
+    model = tmp_path / "tiny.gguf"
+    write_tiny_gguf(model, TinySpec(num_layers=2))
+    engine = in_process.load_engine(model, prefix_cache=False)
+    s, context = engine.spec, 40
+    q_dim, kv_dim = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+    per_layer = (q_dim + 2 * kv_dim) * s.dim + s.dim * q_dim + 2 * s.ffn_dim * s.dim + s.dim * s.ffn_dim
+    attention = 2 * s.num_heads * s.head_dim * context
+    footprint = roofline.footprint(engine, context)
+    assert footprint.flops_per_token == 2 * (s.num_layers * (per_layer + attention) + s.vocab_size * s.dim)
+    assert footprint.kv_bytes_per_step == s.num_layers * 2 * kv_dim * 4 * context
+    m = engine.model
+    layers = sum(w.nbytes if hasattr(w, "parts") else w.numel() * w.element_size()
+                 for layer in m.layers for w in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down))
+    head = m.lm_head.nbytes if hasattr(m.lm_head, "parts") else m.lm_head.numel() * m.lm_head.element_size()
+    embed_row = 0 if m.embed is m.lm_head else head // s.vocab_size
+    assert footprint.weight_bytes_per_step == layers + head + embed_row

@@ -27,7 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", help="measure this OpenAI-compatible server over HTTP")
     parser.add_argument("--vs", help="a peer server to measure with the same workload, for ratios")
     parser.add_argument("--vs-pid", type=int, help="the peer's process id, to report its peak resident memory")
-    parser.add_argument("--concurrency", default="", help="HTTP concurrency ladder, e.g. 1,4,8,16,32")
+    parser.add_argument("--concurrency", default="",
+                        help="HTTP concurrency ladder, e.g. 1,4,8,16,32 (default: none; 16 with --vs)")
     parser.add_argument("--band-repeats", type=int, default=3, help="runs per ladder rung (the median run is kept)")
     parser.add_argument("--invariance-cost", action="store_true",
                         help="also measure the invariant engine against plain torch at batch 1, 4, 8, 16")

@@ -11,10 +11,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from batchproof.commands.bench import http, in_process, invariance_cost, servers
+from batchproof.commands.bench import http, in_process, invariance_cost, roofline, servers
 from batchproof.commands.bench.figures import median, save
 from batchproof.commands.bench.http import Band
 from batchproof.commands.bench.invariance_cost import InvarianceCost
+from batchproof.commands.bench.roofline import Roofline
 
 
 @dataclass
@@ -48,6 +49,7 @@ class SpeedResults:
     ours: ServerFigures | None = None
     peer: ServerFigures | None = None
     invariance_cost: InvarianceCost | None = None
+    roofline: Roofline | None = None  # with the engine: bytes and operations a step, the FMA peak
     ratios: list[str] = field(default_factory=list)
 
 
@@ -123,6 +125,7 @@ def measure(args: argparse.Namespace, url: str | None, ladder: list[int]) -> Spe
     runs = single_stream(streams, args.repeats)
     if engine is not None:
         results.engine = _engine_figures(engine, prefill, runs["engine"])
+        results.roofline = _roofline(engine, args)
     engine = streams = None  # the engine (its closures too) goes: the invariance cost loads two of its own
     results.ours, results.peer = (_server_figures(runs[key], targets[key], models[key]) if key in targets else None
                                   for key in ("ours", "peer"))
@@ -132,7 +135,24 @@ def measure(args: argparse.Namespace, url: str | None, ladder: list[int]) -> Spe
         if figures is not None:
             body = http.chat_body(args.prompt, args.max_tokens, models[key])
             figures.bands = [http.median_band(targets[key], body, c, args.band_repeats) for c in ladder]
+    if results.roofline is not None:
+        _place_on_roofline(results.roofline, results)
     return results
+
+
+def _roofline(engine, args: argparse.Namespace) -> Roofline:
+    """The model's bytes a step and operations a token at the decode's mean context, and the
+    machine's FMA peak on the engine's threads, measured now."""
+    prompt = len(engine.chat_prompt_ids([{"role": "user", "content": args.prompt}]))
+    return Roofline(roofline.footprint(engine, prompt + args.max_tokens // 2),
+                    roofline.fma_peak_gflops(engine.num_threads))
+
+
+def _place_on_roofline(line: Roofline, results: SpeedResults) -> None:
+    """Our single stream (over HTTP when served, else the engine's) and our c=16 aggregate."""
+    line.c1_tok_s = results.ours.decode_tok_s if results.ours else results.engine.decode_tok_s
+    c16 = [band for band in (results.ours.bands if results.ours else []) if band.c == 16]
+    line.c16_aggregate_tok_s = c16[0].aggregate_tok_s if c16 else None
 
 
 def _engine_ratios(engine: EngineFigures, ours: ServerFigures | None) -> list[str]:
@@ -186,6 +206,8 @@ def ratios(results: SpeedResults) -> list[str]:
         lines += _ladder_ratios(results.ours)
     if results.ours and results.peer:
         lines += _peer_ratios(results.ours, results.peer)
+    if results.roofline:
+        lines += results.roofline.lines()
     return lines
 
 
@@ -223,6 +245,8 @@ def report(results: SpeedResults) -> None:
 
 def run(args: argparse.Namespace) -> int:
     ladder = [int(c) for c in args.concurrency.split(",") if c.strip()]
+    if not ladder and args.vs:
+        ladder = [16]  # against a peer: c=1 (the single stream), c=16 and memory, side by side
     process = None
     try:
         url = args.url.rstrip("/") if args.url else None

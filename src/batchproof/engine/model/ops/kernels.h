@@ -118,6 +118,12 @@ typedef struct {
 void bp_decode_layers(const bp_shape *s, const bp_layer *layers, int64_t num_layers, float *x, int64_t M,
                       const int64_t *positions, const int64_t *slots, int num_threads);
 
+/* ---------------- the machine's FMA peak, for the bench (peak.c) ---------------- */
+
+/* `seconds` of independent FMAs on each of num_threads threads -> the floating-point
+ * operations done (the caller times the call). */
+double bp_fma_peak(double seconds, int num_threads);
+
 /* ---------------- the structs' layout as compiled (module.c) ---------------- */
 
 /* Struct `which`: its size, and field `field`'s name and byte offset (NULL and -1 past

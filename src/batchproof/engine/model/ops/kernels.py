@@ -142,6 +142,12 @@ def _gated(gate_up: torch.Tensor, kernel) -> torch.Tensor:
     return y
 
 
+def fma_peak(seconds: float, num_threads: int) -> float:
+    """Floating-point operations done by `seconds` of independent FMAs on each thread (the
+    bench's roofline times the call)."""
+    return _library().bp_fma_peak(seconds, num_threads)
+
+
 def first_max(logits: torch.Tensor) -> torch.Tensor:
     """[B, V] float32 -> [B] int64: each row's first maximum, NaN never; -1 where none beats -inf."""
     logits = logits.contiguous()

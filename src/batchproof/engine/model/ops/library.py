@@ -5,7 +5,7 @@ fails at load instead of passing arguments or weights the wrong way."""
 
 import ctypes
 import importlib.util
-from ctypes import c_char_p, c_float, c_int, c_int32, c_int64, c_void_p
+from ctypes import c_char_p, c_double, c_float, c_int, c_int32, c_int64, c_void_p
 from functools import cache
 
 # name: (restype, argtypes), for every function kernels.h declares (tests/engine/
@@ -29,6 +29,7 @@ SIGNATURES = {
     "bp_decode_attention_f32": (None, [c_void_p] * 6 + [c_int64] * 6 + [c_float, c_int]),
     "bp_prompt_attention_f32": (None, [c_void_p] * 4 + [c_int64] * 8 + [c_float, c_int]),
     "bp_decode_layers": (None, [c_void_p] * 2 + [c_int64, c_void_p, c_int64] + [c_void_p] * 2 + [c_int]),
+    "bp_fma_peak": (c_double, [c_double, c_int]),
     "bp_abi_sizeof": (c_int64, [c_int]),
     "bp_abi_field": (c_char_p, [c_int, c_int]),
     "bp_abi_offset": (c_int64, [c_int, c_int]),
