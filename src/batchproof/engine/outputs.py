@@ -31,6 +31,16 @@ class _Choice:
     error_code: str | None = None  # RequestOutput.error_code
 
 
+def _rows(logits: torch.Tensor, rows: list[torch.Tensor], index: list[int]) -> torch.Tensor:
+    """rows[j] (logits[index[j]], or a changed copy of it) as one [len, V] tensor: the step's
+    logits themselves when no row changed and all are asked for, else one gather; a stack only
+    where penalties or a grammar changed a row. The same values either way (nothing is computed),
+    without copying every row a step at a 262k vocabulary (1 MB each)."""
+    if all(row.data_ptr() == logits[i].data_ptr() for row, i in zip(rows, index)):
+        return logits if index == list(range(len(logits))) else logits[index]
+    return torch.stack(rows)
+
+
 class OutputProcessor:
     """Turns one step's logits into tokens, records and RequestOutputs; finished sequences
     leave `sequences` (the engine's table of live requests)."""
@@ -63,14 +73,14 @@ class OutputProcessor:
         # distribution), processed ones the masked row renormalised over the allowed tokens.
         masked = [row if mask is None else torch.where(mask.to(row.device), row, NEG_INF)
                   for row, mask in zip(rows, allowed)]
-        choices = self._choose(seqs, masked, banned, failures)
+        choices = self._choose(seqs, logits, masked, banned, failures)
         # Records read the same logits the choice read, after it: asking for them changes nothing.
         wanted = [i for i, (s, c) in enumerate(zip(seqs, choices)) if s.wants_records and c.token_id is not None]
         if wanted:
             recorded = [processed_logits(masked[i], seqs[i].params, banned[i])
                         if seqs[i].params.logprobs_mode == "processed" else rows[i] for i in wanted]
             records = build_records(
-                torch.stack(recorded),
+                _rows(logits, recorded, wanted),
                 [choices[i].token_id for i in wanted],
                 [seqs[i].params.top_logprobs for i in wanted],
                 [len(seqs[i].output_ids) for i in wanted],
@@ -102,14 +112,14 @@ class OutputProcessor:
         self.grammar_wait_s += time.perf_counter() - started
         return allowed, failures
 
-    def _choose(self, seqs: list[Sequence], rows: list[torch.Tensor], banned: list[frozenset[int]],
-                failures: dict[int, str]) -> list[_Choice]:
+    def _choose(self, seqs: list[Sequence], logits: torch.Tensor, rows: list[torch.Tensor],
+                banned: list[frozenset[int]], failures: dict[int, str]) -> list[_Choice]:
         choices: list[_Choice] = []
         # Greedy rows (the common case) are chosen in one pass; sampled ones one by one.
         plain = [i for i, s in enumerate(seqs) if s.params.is_greedy and s.params.max_tokens and i not in failures]
         greedy = {}
         if plain:
-            picks = greedy_tokens(torch.stack([rows[i] for i in plain]), [banned[i] for i in plain],
+            picks = greedy_tokens(_rows(logits, [rows[i] for i in plain], plain), [banned[i] for i in plain],
                                   self.greedy_backend)
             greedy = dict(zip(plain, picks))
         for i, (seq, row) in enumerate(zip(seqs, rows)):
