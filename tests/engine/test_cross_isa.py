@@ -192,12 +192,14 @@ def signature(engine: Engine, prompts: list[list[int]], max_tokens: int) -> list
             for i in range(len(prompts)) for d in out[str(i)] for r in d.records]
 
 
-# llama and qwen2 (biases) run the fused decode step (layers.c); gemma3 runs op by op with
-# GELU, Q/K norms and sliding windows; the mixed file multiplies every block type straight
-# from its blocks. Head size 64 everywhere: the attention kernels' vector paths.
+# Every architecture's fused decode step (layers.c): llama, qwen2 (biases), qwen3 (per-head
+# Q/K norms) and gemma3 (also post-norms, GELU, sliding windows, two RoPE tables); the mixed
+# file multiplies every block type straight from its blocks. Head size 64 everywhere: the
+# attention kernels' vector paths.
 TINY_MODELS = {
     "llama": TinySpec("llama", dim=128, num_heads=2, num_kv_heads=1, seed=5),
     "qwen2": TinySpec("qwen2", dim=128, num_heads=2, num_kv_heads=1, pre="qwen2", seed=7),
+    "qwen3": TinySpec("qwen3", dim=96, num_heads=2, num_kv_heads=1, head_dim=64, pre="qwen2", seed=8),
     "gemma3": TinySpec("gemma3", num_layers=6, num_heads=2, num_kv_heads=1, head_dim=64, rope_base=1e6,
                        norm_eps=1e-6, tie_embeddings=True, sliding_window=4, seed=6),
     "mixed-quant": TinySpec(dim=256, ffn_dim=512, seed=3, tensor_types={

@@ -158,7 +158,8 @@ def test_the_torch_path_agrees_with_our_kernels(tiny: Tiny) -> None:
 @torch.inference_mode()
 def test_the_fused_decode_step_is_bitwise_the_op_by_op_step(tiny: Tiny) -> None:
     """All layers in one C call against the same kernels called one by one from Python:
-    the same KV cache contents and the same hidden states, bit for bit (qwen3 and gemma3 run op by op)."""
+    the same KV cache contents and the same hidden states, bit for bit (every architecture here is fused:
+    qwen3's Q/K norms; gemma3's post-norms, GELU, windows cut in by every prompt, two RoPE tables)."""
     model = tiny.engine.model
     if not isinstance(model.ops, KernelOps):
         pytest.skip("kernels not built here")

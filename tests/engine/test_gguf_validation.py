@@ -29,7 +29,7 @@ Q = gguf.GGMLQuantizationType
 LLAMA = TinySpec()  # dim 64, 4 heads of 16, 2 KV heads, MLP 96, 2 layers
 MATMULS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 # The fuzzer's starting points: the fused decode step on quantized blocks (llama), with QKV
-# biases on float32 (qwen2), and op by op with Q/K norms, windows and post-norms (gemma3).
+# biases on float32 (qwen2), and with Q/K norms, windows and post-norms (gemma3).
 BASES = {
     "llama-q8_0": TinySpec("llama", tensor_types={f"blk.{i}.{m}.weight": Q.Q8_0 for i in range(2) for m in MATMULS}),
     "qwen2": TinySpec("qwen2", pre="qwen2", seed=1),

@@ -114,7 +114,7 @@ def test_the_struct_mirrors_have_the_header_s_fields_and_the_compiled_layout():
 
 class SwappedShape(ctypes.Structure):
     _fields_ = [(name, kind) for name, kind in library.Shape._fields_ if name not in ("eps", "scale")]
-    _fields_[8:8] = [("scale", ctypes.c_float), ("eps", ctypes.c_float)]
+    _fields_[9:9] = [("scale", ctypes.c_float), ("eps", ctypes.c_float)]
 
 
 class LongerWeight(ctypes.Structure):
@@ -122,7 +122,7 @@ class LongerWeight(ctypes.Structure):
 
 
 @pytest.mark.parametrize(("c_name", "mirror", "message"), [
-    ("bp_shape", SwappedShape, "field 8 is 'scale' at offset 60 in Python, 'eps' at offset 60 in C"),
+    ("bp_shape", SwappedShape, "field 9 is 'scale' at offset 64 in Python, 'eps' at offset 64 in C"),
     ("bp_weight", LongerWeight, "field 5 is 'spare' at offset 120 in Python, None at offset -1 in C"),
 ])
 def test_a_mirror_changed_on_one_side_fails_the_load_time_check(c_name, mirror, message):

@@ -12,8 +12,9 @@ from batchproof.engine.model.ops.base import HeadLayout, RopeTables
 from batchproof.engine.model.weights import QuantWeight
 
 # The architectures whose decode layer layers.c runs: pre-norm, fused QKV (bias optional),
-# SiLU MLP, one RoPE, full attention.
-FUSED_ARCHS = frozenset({"llama", "qwen2"})
+# per-head Q/K norms (qwen3, gemma3), post-norms, SiLU or GELU-tanh, per-layer RoPE tables and
+# sliding windows (gemma3). A new one runs op by op until layers.c is shown to match it.
+FUSED_ARCHS = frozenset({"llama", "qwen2", "qwen3", "gemma3"})
 
 
 class KernelOps:
@@ -88,13 +89,13 @@ class KernelOps:
 
     def decode_layers(self, model, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, num_real: int,
                       cache: KVCache) -> torch.Tensor:
-        """All layers in one C call (layers.c), the same kernels in the same order, so the
-        same bits; layers.c knows llama's layer only, so qwen3 (per-head Q/K norms) and
-        gemma3 (also post-norms, GELU, sliding windows, two RoPE bases) run op by op."""
+        """All layers in one C call (layers.c), the same kernels in the same order as
+        model.decode_layers, so the same bits."""
         key = (id(model), id(cache))
         if self._fused_key != key:  # described once per model and cache (their addresses never move)
             self._fused = kernels.DecodeLayers(
-                model.spec, model.layers, model.rope.cos, model.rope.sin, cache.k, cache.v, model.scale,
+                model.spec, model.layers, [(rope.cos, rope.sin) for rope in model.ropes], model.windows, cache.k,
+                cache.v, model.scale,
             ) if model.spec.arch in FUSED_ARCHS else None
             self._fused_key = key
         if self._fused is None or not self.is_fused:

@@ -104,15 +104,21 @@ typedef struct {
 
 typedef struct {
     const float *attn_norm, *ffn_norm, *bqkv; /* bqkv may be NULL */
+    const float *q_norm, *k_norm;             /* [head_dim], both or neither (qwen3, gemma3) */
+    const float *post_attn_norm, *post_ffn_norm; /* [dim] on each output before its add, or NULL (gemma3) */
     bp_weight wqkv, wo, w_gate_up, w_down;
-    float *k_cache, *v_cache; /* this layer's [slots, kv_heads, max_len, head_dim] */
+    const float *cos_table, *sin_table; /* this layer's RoPE, [max_len, rope_dim / 2] */
+    int64_t window;                     /* sliding window, 0: none */
+    float *k_cache, *v_cache;           /* this layer's [slots, kv_heads, max_len, head_dim] */
 } bp_layer;
+
+#define BP_ACT_SILU 0
+#define BP_ACT_GELU_TANH 1
 
 typedef struct {
     int64_t dim, ffn_dim, num_heads, num_kv_heads, head_dim, rope_dim, max_len;
-    int32_t rope_style;
+    int32_t rope_style, mlp_act; /* mlp_act: BP_ACT_* */
     float eps, scale;
-    const float *cos_table, *sin_table;
 } bp_shape;
 
 void bp_decode_layers(const bp_shape *s, const bp_layer *layers, int64_t num_layers, float *x, int64_t M,

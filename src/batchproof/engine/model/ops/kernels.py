@@ -5,7 +5,7 @@ import ctypes
 
 import torch
 
-from batchproof.engine.model.ops.library import MAX_PARTS, Layer, Shape, Weight
+from batchproof.engine.model.ops.library import ACTIVATIONS, MAX_PARTS, Layer, Shape, Weight
 from batchproof.engine.model.ops.library import load_library as _library
 from batchproof.engine.model.weights import QuantWeight
 
@@ -223,21 +223,27 @@ def _weight(w: torch.Tensor | QuantWeight) -> Weight:
 
 class DecodeLayers:
     """A model's layers over one KV cache, described once, so a decode step runs them all in
-    one C call; `keep` holds every tensor whose address the description records."""
+    one C call; `keep` holds every tensor whose address the description records.
 
-    def __init__(self, spec, layers: list, rope_cos: torch.Tensor, rope_sin: torch.Tensor, k_cache: torch.Tensor,
-                 v_cache: torch.Tensor, scale: float) -> None:
+    ropes[i] and windows[i]: layer i's RoPE tables (cos, sin) and sliding window (0: none)."""
+
+    def __init__(self, spec, layers: list, ropes: list[tuple[torch.Tensor, torch.Tensor]], windows: list[int],
+                 k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float) -> None:
         assert k_cache.is_contiguous() and v_cache.is_contiguous()
-        self.keep = (layers, rope_cos, rope_sin, k_cache, v_cache)
+        assert all(cos.is_contiguous() and sin.is_contiguous() for cos, sin in ropes)
+        self.keep = (layers, ropes, k_cache, v_cache)
         self.shape = Shape(spec.dim, spec.ffn_dim, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.rope_dim,
-                           k_cache.shape[3], 0 if spec.rope_style == "adjacent" else 1, spec.norm_eps, scale,
-                           rope_cos.data_ptr(), rope_sin.data_ptr())
+                           k_cache.shape[3], 0 if spec.rope_style == "adjacent" else 1, ACTIVATIONS[spec.mlp_act],
+                           spec.norm_eps, scale)
         self.layers = (Layer * len(layers))()
-        for i, layer in enumerate(layers):
-            self.layers[i] = Layer(layer.attn_norm.data_ptr(), layer.ffn_norm.data_ptr(),
-                                   None if layer.bqkv is None else layer.bqkv.data_ptr(),
-                                   _weight(layer.wqkv), _weight(layer.wo), _weight(layer.w_gate_up),
-                                   _weight(layer.w_down), k_cache[i].data_ptr(), v_cache[i].data_ptr())
+        for i, (layer, (cos, sin), window) in enumerate(zip(layers, ropes, windows, strict=True)):
+            assert (layer.q_norm is None) == (layer.k_norm is None)
+            self.layers[i] = Layer(
+                _ptr(layer.attn_norm), _ptr(layer.ffn_norm), _ptr(layer.bqkv), _ptr(layer.q_norm),
+                _ptr(layer.k_norm), _ptr(layer.post_attn_norm), _ptr(layer.post_ffn_norm), _weight(layer.wqkv),
+                _weight(layer.wo), _weight(layer.w_gate_up), _weight(layer.w_down), _ptr(cos), _ptr(sin), window,
+                _ptr(k_cache[i]), _ptr(v_cache[i]),
+            )
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, num_threads: int) -> None:
         """x: [rows, dim] residual stream, updated in place through every layer."""

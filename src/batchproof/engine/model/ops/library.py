@@ -46,19 +46,25 @@ class Weight(ctypes.Structure):
 
 
 class Layer(ctypes.Structure):
-    """bp_layer: one layer's weights and its slice of the KV cache."""
+    """bp_layer: one layer's weights, norms (None where the model has none), RoPE tables,
+    sliding window and its slice of the KV cache."""
 
-    _fields_ = [("attn_norm", c_void_p), ("ffn_norm", c_void_p), ("bqkv", c_void_p), ("wqkv", Weight),
-                ("wo", Weight), ("w_gate_up", Weight), ("w_down", Weight), ("k_cache", c_void_p),
+    _fields_ = [("attn_norm", c_void_p), ("ffn_norm", c_void_p), ("bqkv", c_void_p), ("q_norm", c_void_p),
+                ("k_norm", c_void_p), ("post_attn_norm", c_void_p), ("post_ffn_norm", c_void_p),
+                ("wqkv", Weight), ("wo", Weight), ("w_gate_up", Weight), ("w_down", Weight),
+                ("cos_table", c_void_p), ("sin_table", c_void_p), ("window", c_int64), ("k_cache", c_void_p),
                 ("v_cache", c_void_p)]
 
 
+ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # BP_ACT_*
+
+
 class Shape(ctypes.Structure):
-    """bp_shape: the model's sizes and RoPE tables."""
+    """bp_shape: the model's sizes, RoPE style, MLP activation and scalars."""
 
     _fields_ = [("dim", c_int64), ("ffn_dim", c_int64), ("num_heads", c_int64), ("num_kv_heads", c_int64),
                 ("head_dim", c_int64), ("rope_dim", c_int64), ("max_len", c_int64), ("rope_style", c_int32),
-                ("eps", c_float), ("scale", c_float), ("cos_table", c_void_p), ("sin_table", c_void_p)]
+                ("mlp_act", c_int32), ("eps", c_float), ("scale", c_float)]
 
 
 # The C struct each mirrors, in the order of kernels.h's BP_ABI_* ids.

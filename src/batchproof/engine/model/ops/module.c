@@ -32,16 +32,17 @@ static const abi_field WEIGHT_FIELDS[] = {
 };
 
 static const abi_field LAYER_FIELDS[] = {
-    FIELD(bp_layer, attn_norm), FIELD(bp_layer, ffn_norm), FIELD(bp_layer, bqkv), FIELD(bp_layer, wqkv),
-    FIELD(bp_layer, wo), FIELD(bp_layer, w_gate_up), FIELD(bp_layer, w_down), FIELD(bp_layer, k_cache),
+    FIELD(bp_layer, attn_norm), FIELD(bp_layer, ffn_norm), FIELD(bp_layer, bqkv), FIELD(bp_layer, q_norm),
+    FIELD(bp_layer, k_norm), FIELD(bp_layer, post_attn_norm), FIELD(bp_layer, post_ffn_norm),
+    FIELD(bp_layer, wqkv), FIELD(bp_layer, wo), FIELD(bp_layer, w_gate_up), FIELD(bp_layer, w_down),
+    FIELD(bp_layer, cos_table), FIELD(bp_layer, sin_table), FIELD(bp_layer, window), FIELD(bp_layer, k_cache),
     FIELD(bp_layer, v_cache), {NULL, 0},
 };
 
 static const abi_field SHAPE_FIELDS[] = {
     FIELD(bp_shape, dim), FIELD(bp_shape, ffn_dim), FIELD(bp_shape, num_heads), FIELD(bp_shape, num_kv_heads),
     FIELD(bp_shape, head_dim), FIELD(bp_shape, rope_dim), FIELD(bp_shape, max_len), FIELD(bp_shape, rope_style),
-    FIELD(bp_shape, eps), FIELD(bp_shape, scale), FIELD(bp_shape, cos_table), FIELD(bp_shape, sin_table),
-    {NULL, 0},
+    FIELD(bp_shape, mlp_act), FIELD(bp_shape, eps), FIELD(bp_shape, scale), {NULL, 0},
 };
 
 static const struct {
