@@ -108,8 +108,8 @@ LAYER_SHAPES: dict[str, tuple[str, ...]] = {
 }
 _CORE = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down")
 # arch -> (each layer's required tensors, its optional ones), as llama.cpp's loader has them. A
-# tensor outside both is refused: the fused decode step would ignore it (a llama Q norm) while
-# the op-by-op prefill used it, and a Q norm without its K norm would hand a kernel no weight.
+# tensor outside both is refused: a llama file with a Q norm is not what llama.cpp runs either,
+# and a Q norm without its K norm would hand a kernel no weight.
 LAYER_TENSORS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "llama": (_CORE, ("bq", "bk", "bv")),
     "qwen2": ((*_CORE, "bq", "bk", "bv"), ()),
