@@ -151,6 +151,21 @@ def test_content_without_any_logprob_entry_is_a_fail_open() -> None:
         assert result.is_fail_open and result.error == f"fail-open: HTTP 200 with content but no logprobs ({how})"
 
 
+def test_a_reply_to_a_request_without_logprobs_is_no_fail_open() -> None:
+    """A speed bench's plain request asks for no logprobs: its reply carries none, and is fine
+    (`batchproof bench` over HTTP stopped on every server before this)."""
+    from batchproof.probe.stream import asks_logprobs
+
+    assert not asks_logprobs({"messages": [], "stream": True}) and not asks_logprobs({"logprobs": False})
+    assert asks_logprobs({"logprobs": True}) and asks_logprobs({"logprobs": 0})  # chat; the legacy count
+    assert asks_logprobs({"include": ["message.output_text.logprobs"]})  # the Responses API
+    result = StreamResult(wants_logprobs=False)
+    result.feed(content("a"), 0.0)
+    result.feed({"choices": [], "usage": {"completion_tokens": 1}}, 0.1)
+    result.finish()
+    assert result.error is None and not result.is_fail_open
+
+
 def test_cached_tokens_are_read_from_usage_or_llamacpp_timings() -> None:
     from batchproof.probe.stream import cached_tokens
 

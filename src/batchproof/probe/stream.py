@@ -41,6 +41,7 @@ class StreamResult:
     is_streamed: bool = True
     is_fail_open: bool = False  # a 200 with content but none of the logprobs asked for
     is_early_stop_ok: bool = False  # the request did not ask for ignore_eos: it may end early
+    wants_logprobs: bool = True  # the request asked for them: a reply without any is a fail-open
 
     @property
     def mode(self) -> tuple[StreamMode, str | None]:
@@ -136,10 +137,18 @@ class StreamResult:
             self.error = f"the {how} carried no usage"
         elif not self.text:
             self.error = f"the {how} carried no content"
-        elif not self.entries:
+        elif not self.entries and self.wants_logprobs:
             self.is_fail_open = True
             how = "streamed" if self.is_streamed else "not streamed"
             self.error = f"fail-open: HTTP 200 with content but no logprobs ({how})"
+
+
+def asks_logprobs(body: dict[str, Any]) -> bool:
+    """Whether a request asks for logprobs: chat's `logprobs: true`, the legacy route's count, or
+    the Responses API's include. A reply to one that does not (a speed bench's plain request)
+    carries none, and that is no fail-open."""
+    logprobs = body.get("logprobs")
+    return logprobs is True or _is_count(logprobs) or "message.output_text.logprobs" in (body.get("include") or [])
 
 
 def _is_count(value: Any) -> bool:
@@ -173,7 +182,8 @@ class StreamRequest:
 async def fire(request: StreamRequest, is_streamed: bool = True) -> StreamResult:
     """POST one request on its own connection and read it to the end: streamed as asked, or
     (`is_streamed` False, for stream parity) the same request as one whole reply."""
-    result = StreamResult(is_streamed=is_streamed, is_early_stop_ok=request.body.get("ignore_eos") is not True)
+    result = StreamResult(is_streamed=is_streamed, is_early_stop_ok=request.body.get("ignore_eos") is not True,
+                          wants_logprobs=asks_logprobs(request.body))
     body = request.body if is_streamed else unstreamed_body(request.body)
     timeout = httpx.Timeout(request.timeout_s, connect=min(10.0, request.timeout_s))
     # A client per request: llama.cpp's server closes a streamed connection after each
