@@ -23,14 +23,6 @@ EXP_DIGESTS = {
 FFN = 1021  # a row length that leaves an 8-lane tail
 
 
-@pytest.fixture(params=[2, 1, 0], ids=lambda level: kernels.ISA_NAMES[level])
-def isa(request):
-    if kernels.isa_level() < request.param:
-        pytest.skip(f"this CPU has no {kernels.ISA_NAMES[request.param]}")
-    kernels.cap_isa_level(request.param)
-    yield request.param
-    kernels.cap_isa_level(2)
-
 
 def gates() -> torch.Tensor:
     """[-88, 88] in steps of 88 / 2^19, then [-8, 8] in steps of 2^-12 (where GELU's exp

@@ -22,14 +22,6 @@ Q = GGMLQuantizationType
 EDGE_SCALES = np.array([0x0001, 0x0155, 0x03FF, 0x8001, 0x0000, 0x8000, 0x7BFF, 0xFBFF], dtype=np.uint16)
 
 
-@pytest.fixture(params=[2, 1, 0], ids=lambda level: kernels.ISA_NAMES[level])
-def isa(request):
-    if kernels.isa_level() < request.param:
-        pytest.skip(f"this CPU has no {kernels.ISA_NAMES[request.param]}")
-    kernels.cap_isa_level(request.param)
-    yield request.param
-    kernels.cap_isa_level(2)
-
 
 def edge_blocks(qtype: Q, rows: int, k: int) -> RawTensor:
     """Random quants whose every scale is one of EDGE_SCALES, each row's scales of one

@@ -30,14 +30,6 @@ def dequantized(t: RawTensor) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
 
 
-@pytest.fixture(params=[2, 1, 0], ids=lambda level: ISA[level])
-def isa(request):
-    if kernels.isa_level() < request.param:
-        pytest.skip(f"this CPU has no {ISA[request.param]}")
-    kernels.cap_isa_level(request.param)
-    yield request.param
-    kernels.cap_isa_level(2)
-
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_quantized_matmul_is_bitwise_the_float32_kernel_on_the_dequantized_weight(qtype, isa):
