@@ -18,7 +18,6 @@ pytestmark = pytest.mark.skipif(not kernels.available(), reason="kernels not bui
 
 Q = GGMLQuantizationType
 TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.F16, Q.BF16, Q.F32]
-ISA = {2: "avx512", 1: "avx2", 0: "portable"}
 
 
 def random_tensor(qtype: Q, rows: int, k: int, seed: int) -> RawTensor:
