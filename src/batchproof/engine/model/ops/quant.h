@@ -34,6 +34,10 @@ static inline float f16(const uint8_t *p) {
     return f;
 }
 
+static inline uint32_t u32le(const uint8_t *p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
 /* One row of K weights -> K floats, each computed as gguf.quants computes it. */
 typedef void (*dequant_fn)(const uint8_t *restrict src, int64_t K, float *restrict dst);
 
@@ -44,4 +48,29 @@ typedef struct {
 
 /* The type's entry (quant_dequant.c), or NULL for a type we do not run. */
 BP_INTERNAL const block_type *bp_block_type(int type);
+
+/* ---- the register path (quant_tiles.c): up to FUSED_ROWS rows of x, blocks unpacked in registers ----
+ *
+ * Outputs per tile by rows of x: with one row, QW accumulators hide the FMA latency; with
+ * more, rows x outputs accumulators must leave registers for the unpacking (4 x 3 spilled
+ * some, and ran ~5% slower than 4 x 2). Two rows take 4 outputs of Q4_0, Q4_1, Q8_0 (unpacked
+ * 8 weights at a time) but 2 of the others, whose group of 32 unpacked quants also takes
+ * registers (2 x 4 ran 10-15% slower for Gemma 3's Q5_0 and Q4_K). Past 4 rows, unpacking a
+ * tile once into a buffer for all of them is faster (16 rows: 3.3 against 4.1 ms a row for
+ * the default model's matmuls). The width changes no bit: each output is its own sum. */
+#define QW 8
+#define FUSED_ROWS 4
+static inline int fused_width(int type, int64_t M) {
+    if (M == 1) return QW;
+    return M == 2 && (type == T_Q4_0 || type == T_Q4_1 || type == T_Q8_0) ? QW / 2 : 2;
+}
+
+/* sums[i * QW + j] = row i of x (mt rows interleaved by 8) . weight row j (nt rows,
+ * row_bytes apart) over K; prefetch: the next tile's bytes. */
+typedef void (*qtile_fn)(const float *x, const uint8_t *w, int64_t row_bytes, float *sums, int64_t K, int mt, int nt,
+                         const uint8_t *prefetch);
+
+/* The tile for a weight of this type on the instruction set in use, or NULL: the portable
+ * build, and types with nothing to unpack (F16, BF16, F32), go through the buffer. */
+BP_INTERNAL qtile_fn bp_pick_qtile(int type);
 #endif

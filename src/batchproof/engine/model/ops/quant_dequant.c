@@ -11,10 +11,6 @@
 
 #include "quant.h"
 
-static inline uint32_t u32le(const uint8_t *p) {
-    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
-}
-
 /* Q4_K / Q5_K: the 6-bit scale and min of sub-block j from the 12 packed bytes. */
 static inline void scale_min_k4(int j, const uint8_t *s, uint8_t *sc, uint8_t *m) {
     if (j < 4) {
