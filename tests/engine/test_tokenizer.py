@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from batchproof.engine.chat_formats import choose_chat_template
 from batchproof.engine.model.gguf_file import ModelLoadError, read_model_file
-from batchproof.engine.tokenizer import Tokenizer
+from batchproof.engine.tokenizer import PackedBytes, Tokenizer
 from tests.helpers.tiny_gguf import TinySpec, token_id, write_tiny_gguf
 
 REFERENCE = json.loads((Path(__file__).parent / "reference" / "hf_reference.json").read_text())
@@ -78,14 +78,19 @@ def test_special_spellings_round_trip_inside_text(tokenizer: Tokenizer, parts: l
     assert b"".join(tokenizer.decode_bytes(i) for i in tokenizer.encode(text)) == text.encode("utf-8")
 
 
+def spelled(tokenizer: Tokenizer, spelling: str) -> int:
+    """The id whose spelling in the file is `spelling`."""
+    return next(i for i in range(tokenizer.vocab_size) if tokenizer.spelling(i) == spelling)
+
+
 def test_special_tokens(tokenizer: Tokenizer) -> None:
-    im_end = tokenizer.tokens.index("<|im_end|>")
+    im_end = spelled(tokenizer, "<|im_end|>")
     assert tokenizer.encode("<|im_end|>") == [im_end]
     assert tokenizer.decode_bytes(im_end) == b"<|im_end|>" and tokenizer.token_text(im_end) == "<|im_end|>"
     assert im_end in tokenizer.ids.end_of_turn_ids
     assert tokenizer.ids.eos_id == im_end
-    assert tokenizer.tokens.index("<|im_start|>") not in tokenizer.ids.end_of_turn_ids
-    assert tokenizer.encode("x<|im_start|>y") == [tokenizer.encode("x")[0], tokenizer.tokens.index("<|im_start|>"),
+    assert spelled(tokenizer, "<|im_start|>") not in tokenizer.ids.end_of_turn_ids
+    assert tokenizer.encode("x<|im_start|>y") == [tokenizer.encode("x")[0], spelled(tokenizer, "<|im_start|>"),
                                                   tokenizer.encode("y")[0]]
 
 
@@ -159,3 +164,12 @@ def test_an_unknown_pre_tokenizer_is_a_load_error_naming_the_file(tmp_path: Path
         Engine(EngineConfig(model_path=path, device="cpu", max_batch=1))
     message = str(caught.value)
     assert str(path) in message and "no-such-pre" in message and "\n" not in message
+
+
+@given(st.lists(st.binary(max_size=12), max_size=40))
+def test_packed_bytes_give_back_each_string(items: list[bytes]) -> None:
+    packed = PackedBytes(items)
+    assert len(packed) == len(items) and [packed[i] for i in range(len(items))] == items
+    assert list(packed.lengths()) == [len(b) for b in items]
+    with pytest.raises(IndexError):
+        packed[len(items)]

@@ -12,7 +12,7 @@ import torch
 from batchproof.engine.config import EngineConfig
 from batchproof.engine.grammar.state import GrammarState
 from batchproof.engine.kv_cache import KVCache
-from batchproof.engine.memory import trim_heap
+from batchproof.engine.memory import hand_back_large_blocks, prefill_heap, trim_heap
 from batchproof.engine.model.gguf_file import ModelLoadError, ModelSpec
 from batchproof.engine.model.known_models import resolve_model
 from batchproof.engine.model.model_source import model_sha256, read_model
@@ -78,6 +78,7 @@ class Engine:
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = False
         started = time.perf_counter()
+        hand_back_large_blocks()
         self.model_path = resolve_model(config.model_path)
         ops = choose_ops(self.device, self.dtype, config.is_batch_invariant, self.num_threads)
         # Native weights need our kernels; the torch backend (a GPU, no compiler, or
@@ -228,7 +229,8 @@ class Engine:
         the prefill completed), their logits [len, V] and prompt records."""
         if scheduled.decode:
             return scheduled.decode, self.runner.decode(scheduled.decode), [None] * len(scheduled.decode)
-        done = self.runner.prefill(scheduled.prefill, scheduled.prefill_tokens)
+        with prefill_heap():
+            done = self.runner.prefill(scheduled.prefill, scheduled.prefill_tokens)
         if not done:
             return [], torch.empty(0), []
         seqs, logits, records = zip(*done)

@@ -9,6 +9,8 @@ blocks the prefix cache evicts (glibc would keep them in its heap)."""
 import ctypes
 import mmap
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -38,6 +40,48 @@ def _malloc_trim():
 
 
 _MALLOC_TRIM = _malloc_trim()
+
+
+def _mallopt():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None).mallopt  # glibc
+    except AttributeError:
+        return None
+
+
+_MALLOPT = _mallopt()
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+LARGE_BLOCK_BYTES = 2**20  # 128 KB (glibc's start) peaked the same, with more mappings made and dropped
+HEAP_BLOCK_BYTES = 32 * 2**20  # the most glibc takes for M_MMAP_THRESHOLD on 64-bit hosts
+
+
+def hand_back_large_blocks() -> None:
+    """Blocks of LARGE_BLOCK_BYTES or more are mapped on their own, so freeing one hands its pages
+    straight back. glibc's default raises that threshold to the largest block freed so far (up to
+    32 MB), after which a prefill's activations and a step's 262,144-wide logits live in the heap,
+    whose free top it keeps up to twice that: Gemma 3's server peaked ~55 MB higher on the same
+    requests. What this costs, a page fault per 4 KB of a large block, the engine avoids where it
+    would recur: the decode logits are one buffer (runner.py), a prefill runs in prefill_heap."""
+    if _MALLOPT is not None:
+        _MALLOPT(M_MMAP_THRESHOLD, LARGE_BLOCK_BYTES)
+
+
+@contextmanager
+def prefill_heap() -> Iterator[None]:
+    """A prefill's activations (tens of MB a layer, made anew layer after layer) come from the
+    heap, reused from one layer to the next, and the heap's free pages go back at the end: each
+    mapped on its own they cost a 654-token prompt 250,000 page faults (~10% of its time)."""
+    if _MALLOPT is None:
+        yield
+        return
+    _MALLOPT(M_MMAP_THRESHOLD, HEAP_BLOCK_BYTES)
+    try:
+        yield
+    finally:
+        _MALLOPT(M_MMAP_THRESHOLD, LARGE_BLOCK_BYTES)
+        trim_heap()
 
 
 def trim_heap() -> None:

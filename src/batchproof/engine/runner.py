@@ -32,6 +32,7 @@ class ModelRunner:
         self.max_prefill_tokens = max_prefill_tokens
         self.reuse = reuse
         self.device = model.device
+        self._decode_logits: torch.Tensor | None = None  # see _logits_buffer
 
     def prefill(self, seqs: list[Sequence], num_tokens: list[int]) -> list[Prefilled]:
         """Feed the next num_tokens[i] prompt tokens of seqs[i] -> for each prompt that this
@@ -121,7 +122,16 @@ class ModelRunner:
                                    num_seqs, self.cache)
         for seq in seqs:
             seq.num_computed = seq.num_tokens
-        return self.model.logits(hidden)[:num_seqs].cpu()
+        return self.model.logits(hidden, out=self._logits_buffer(hidden.shape[0]))[:num_seqs].cpu()
+
+    def _logits_buffer(self, rows: int) -> torch.Tensor:
+        """[rows, V], the same memory every decode step: the step's logits are read before the
+        next step starts (outputs.py keeps no row), and a new [16, 262144] tensor each step
+        would cost Gemma 3 4,096 page faults a step once glibc maps such blocks (memory.py)."""
+        if self._decode_logits is None or self._decode_logits.shape[0] < rows:
+            self._decode_logits = torch.empty(max(rows, self.max_batch), self.model.lm_head.shape[0],
+                                              dtype=torch.float32, device=self.device)
+        return self._decode_logits[:rows]
 
     def release(self, retired: list[Sequence], running: list[Sequence]) -> None:
         """The one place a slot is emptied: right after scheduling, before a newcomer given the

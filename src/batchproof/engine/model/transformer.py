@@ -154,9 +154,10 @@ class Transformer:
                 seen[id(w)] = w.nbytes if isinstance(w, QuantWeight) else w.numel() * w.element_size()
         return sum(seen.values())
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: [n, dim] after the final norm -> [n, vocab] float32 logits."""
-        return self.ops.linear(hidden, self.lm_head).float()
+    def logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """hidden: [n, dim] after the final norm -> [n, vocab] float32 logits (perhaps written
+        into `out`, an [n, vocab] float32 buffer the caller reuses)."""
+        return self.ops.linear(hidden, self.lm_head, out=out).float()
 
     # --- prefill: prompt chunks of one or more sequences ------------------------------
 

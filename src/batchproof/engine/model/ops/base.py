@@ -52,9 +52,10 @@ class Ops(Protocol):
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor: ...
 
     def linear(self, x: torch.Tensor, w, b: torch.Tensor | None = None,
-               residual: torch.Tensor | None = None) -> torch.Tensor:
+               residual: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
         """x @ w^T (+ b), plus `residual` when given (which may be updated in place); w is a
-        float tensor, or (KernelOps) a QuantWeight multiplied straight from its blocks."""
+        float tensor, or (KernelOps) a QuantWeight multiplied straight from its blocks. `out`,
+        a buffer of the result's shape that the result may be written into (or not)."""
 
     def qkv_heads(self, qkv: torch.Tensor, layout: HeadLayout, positions: torch.Tensor, rope: RopeTables,
                   q_norm: torch.Tensor | None, k_norm: torch.Tensor | None) -> tuple[torch.Tensor, ...]:

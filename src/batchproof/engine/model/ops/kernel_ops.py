@@ -42,11 +42,11 @@ class KernelOps:
         return kernels.rms_norm(x, weight, eps)
 
     def linear(self, x: torch.Tensor, w: torch.Tensor | QuantWeight, b: torch.Tensor | None = None,
-               residual: torch.Tensor | None = None) -> torch.Tensor:
+               residual: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
         # The weight's storage decides the kernel; both add the same terms in the same order.
         if isinstance(w, QuantWeight):
-            return kernels.linear_q(x, w, b, self.num_threads, residual)
-        return kernels.linear(x, w, b, self.num_threads, residual)
+            return kernels.linear_q(x, w, b, self.num_threads, residual, out)
+        return kernels.linear(x, w, b, self.num_threads, residual, out)
 
     def qkv_heads(self, qkv: torch.Tensor, layout: HeadLayout, positions: torch.Tensor, rope: RopeTables,
                   q_norm: torch.Tensor | None, k_norm: torch.Tensor | None) -> tuple[torch.Tensor, ...]:

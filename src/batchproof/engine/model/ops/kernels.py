@@ -41,12 +41,21 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
+def _output(out: torch.Tensor | None, m: int, n: int) -> torch.Tensor:
+    """A matmul's [m, n] result: `out` when the caller lends one, else a new tensor."""
+    if out is None:
+        return torch.empty(m, n, dtype=torch.float32)
+    assert out.shape == (m, n) and out.is_contiguous() and out.dtype == torch.float32 and out.device.type == "cpu"
+    return out
+
+
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, num_threads: int,
-           residual: torch.Tensor | None = None) -> torch.Tensor:
+           residual: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """x: [M, K] @ w[N, K]^T (+ b[N]) -> [M, N]; each output summed in a fixed order.
 
     With `residual` ([M, N], contiguous), the product is added into it in place and it is
-    returned: `residual + linear(x)` without a second pass over memory.
+    returned: `residual + linear(x)` without a second pass over memory. With `out` (the
+    same shape), the product is written there instead of a new tensor.
     """
     lib = _library()
     assert lib is not None and x.dtype == w.dtype == torch.float32 and x.device.type == "cpu"
@@ -55,7 +64,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, num_threads
     n = w.shape[0]
     assert w.shape[1] == k and w.is_contiguous() and (b is None or b.is_contiguous())
     if residual is None:
-        y = torch.empty(m, n, dtype=torch.float32)
+        y = _output(out, m, n)
     else:
         assert residual.shape == (m, n) and residual.is_contiguous() and residual.dtype == torch.float32
         y = residual
@@ -76,7 +85,7 @@ def block_size(qtype: int) -> tuple[int, int]:
 
 
 def linear_q(x: torch.Tensor, w: QuantWeight, b: torch.Tensor | None, num_threads: int,
-             residual: torch.Tensor | None = None) -> torch.Tensor:
+             residual: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """linear() on a weight kept in its GGUF blocks: bitwise the float32 kernel's result on
     the dequantized weight. Each part (Q, K, V may differ in type) fills its own columns."""
     lib = _library()
@@ -86,7 +95,7 @@ def linear_q(x: torch.Tensor, w: QuantWeight, b: torch.Tensor | None, num_thread
     n = w.shape[0]
     assert w.shape[1] == k and (b is None or b.is_contiguous())
     if residual is None:
-        y = torch.empty(m, n, dtype=torch.float32)
+        y = _output(out, m, n)
     else:
         assert residual.shape == (m, n) and residual.is_contiguous() and residual.dtype == torch.float32
         y = residual

@@ -76,8 +76,8 @@ class TorchOps:
         return rms_norm(x, weight, eps)
 
     def linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None,
-               residual: torch.Tensor | None = None) -> torch.Tensor:
-        y = F.linear(x, w, b)
+               residual: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+        y = F.linear(x, w, b)  # `out` is only a hint: a new tensor is as good here
         return y if residual is None else residual + y
 
     def qkv_heads(self, qkv: torch.Tensor, layout: HeadLayout, positions: torch.Tensor, rope: RopeTables,
