@@ -16,7 +16,8 @@ setup(
         Extension(
             "batchproof.engine.model.ops._kernels",
             sources=[f"{OPS}/{name}.c" for name in ("isa", "matmul", "elementwise", "logprobs", "attention", "peak",
-                                                     "quant_dequant", "quant_tiles", "quant_linear", "layers", "module")],
+                                                     "quant_dequant", "quant_tiles", "quant_linear", "layers",
+                                                     "module")],
             depends=[f"{OPS}/{name}.h" for name in ("kernels", "lanes", "exp_poly", "quant")],
             extra_compile_args=compile_args,
             extra_link_args=["-fopenmp"] if "-fopenmp" in compile_args else [],

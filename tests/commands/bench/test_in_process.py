@@ -29,8 +29,9 @@ def test_engine_and_invariance_cost(tmp_path):
     assert line["fma_peak_gflops"] > 0 and line["c16_gflops"] is None  # no server, no c=16 band
     # c=1 without a server is the engine's single stream, read against the bytes a step reads
     assert abs(line["c1_gb_s"] - line["bytes_per_step"] * row["engine"]["decode_tok_s"] / 1e9) < 1e-3
-    assert row["ratios"][0].startswith("logprobs cost (top_logprobs 20, engine")
-    assert [r.split(":")[0] for r in row["ratios"][1:]] == ["roofline", "roofline c=1"]
+    assert row["ratios"][0].startswith("machine: ") and row["machine"]["cpu"] in row["ratios"][0]
+    assert row["ratios"][1].startswith("logprobs cost (top_logprobs 20, engine")
+    assert [r.split(":")[0] for r in row["ratios"][2:]] == ["roofline", "roofline c=1"]
 
 
 def test_structured(tmp_path):

@@ -87,3 +87,13 @@ def test_structured(name, capsys):
     assert same(figures, row)
     structured.report(figures)
     assert capsys.readouterr().out.count(" tok/s | ") == 2 * len(row["rows"])
+
+
+def test_a_run_names_its_cpu_first():
+    """Ratios against a peer move with the CPU, so a run's lines open with the machine it ran on."""
+    from batchproof.commands.bench import machine
+
+    described = machine.describe()
+    assert {"cpus", "host", "cpu", "kernels_isa"} <= set(described) and described["cpu"]
+    lines = speed.ratios(speed.SpeedResults(machine=described))
+    assert lines == [machine.line(described)] and described["cpu"] in lines[0]

@@ -4,14 +4,12 @@ the same run, so ratios compare like with like on one machine."""
 
 import argparse
 import itertools
-import os
-import socket
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from batchproof.commands.bench import http, in_process, invariance_cost, roofline, servers
+from batchproof.commands.bench import http, in_process, invariance_cost, machine, roofline, servers
 from batchproof.commands.bench.figures import median, save
 from batchproof.commands.bench.http import Band
 from batchproof.commands.bench.invariance_cost import InvarianceCost
@@ -112,7 +110,7 @@ def _server_figures(runs: Runs, url: str, model: str | None) -> ServerFigures:
 def measure(args: argparse.Namespace, url: str | None, ladder: list[int]) -> SpeedResults:
     """The engine's, ours and the peer's single-stream figures in shared rounds (so the
     costs pair back-to-back runs), then the invariance cost, then each server's ladder."""
-    results = SpeedResults(machine={"cpus": os.cpu_count(), "host": socket.gethostname()})
+    results = SpeedResults(machine=machine.describe())
     targets = {key: target for key, target in (("ours", url), ("peer", args.vs and args.vs.rstrip("/"))) if target}
     models = {key: http.served_model(target) for key, target in targets.items()}
     # No prefix cache: the engine figures measure the arithmetic, and the prefill figure
@@ -198,8 +196,8 @@ def paired_cost(base: list[float], other: list[float]) -> float:
 
 
 def ratios(results: SpeedResults) -> list[str]:
-    """The costs and ratios the figures imply, one line each."""
-    lines = []
+    """The costs and ratios the figures imply, one line each, after the machine they ran on."""
+    lines = [machine.line(results.machine)] if "cpu" in results.machine else []  # older files: no CPU named
     if results.engine:
         lines += _engine_ratios(results.engine, results.ours)
     if results.ours:
