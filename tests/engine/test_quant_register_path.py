@@ -10,11 +10,11 @@ Q6_K's int8 scales of -128 and 127."""
 import numpy as np
 import pytest
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from batchproof.engine.model.ops import kernels
 from batchproof.engine.model.weights import RawTensor, quant_weight
-from tests.helpers.quant_blocks import SCALE_OFFSETS, random_blocks
+from tests.helpers.quant_blocks import SCALE_OFFSETS, bits, dequantized, random_blocks
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="the kernels are not built here")
 
@@ -45,15 +45,6 @@ def edge_blocks(qtype: Q, rows: int, k: int, seed: int) -> RawTensor:
         for i, pattern in enumerate(EDGE_SUB_SCALES[qtype]):  # the rest stay random
             blocks[(row + block) % 8 == i, start:start + size] = pattern
     return RawTensor(np.ascontiguousarray(blocks.reshape(rows, -1)), int(qtype), (rows, k))
-
-
-def dequantized(raw: RawTensor) -> torch.Tensor:
-    values = quants.dequantize(raw.data, Q(raw.qtype)).reshape(raw.shape)
-    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view(torch.int32)
 
 
 def shape_of(qtype: Q) -> tuple[int, int]:

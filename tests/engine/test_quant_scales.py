@@ -8,11 +8,11 @@ in registers on AVX2 and AVX-512) and at 9 (through a buffer), on every instruct
 import numpy as np
 import pytest
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from batchproof.engine.model.ops import kernels
 from batchproof.engine.model.weights import RawTensor, quant_weight
-from tests.helpers.quant_blocks import SCALE_OFFSETS, random_blocks
+from tests.helpers.quant_blocks import SCALE_OFFSETS, bits, dequantized, random_blocks
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="the kernels are not built here")
 
@@ -35,15 +35,6 @@ def edge_blocks(qtype: Q, rows: int, k: int) -> RawTensor:
         patterns = EDGE_SCALES[row // 8 ** scale % len(EDGE_SCALES)] ^ sign
         blocks[:, :, offset:offset + 2] = patterns.view(np.uint8).reshape(rows, -1, 2)
     return RawTensor(np.ascontiguousarray(blocks.reshape(rows, -1)), int(qtype), (rows, k))
-
-
-def dequantized(raw: RawTensor) -> torch.Tensor:
-    values = quants.dequantize(raw.data, Q(raw.qtype)).reshape(raw.shape)
-    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view(torch.int32)
 
 
 @pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q8_0], ids=lambda t: t.name)

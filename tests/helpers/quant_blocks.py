@@ -2,7 +2,10 @@
 types gguf.quants cannot quantize (the K-quants) and for kernel tests of every type."""
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
+
+from batchproof.engine.model.weights import RawTensor
 
 Q = GGMLQuantizationType
 # Byte offsets of each block's float16 scales (d, and the min where there is one).
@@ -25,3 +28,14 @@ def random_blocks(qtype: GGMLQuantizationType, rows: int, k: int, seed: int) -> 
         scales = rng.uniform(-0.05, 0.05, (rows, k // block_elems)).astype(np.float16)
         blocks[:, :, offset:offset + 2] = scales.view(np.uint8).reshape(rows, -1, 2)
     return np.ascontiguousarray(blocks.reshape(rows, -1))
+
+
+def dequantized(raw: RawTensor) -> torch.Tensor:
+    """gguf.quants' float32 weight for a tensor of blocks: the reference every quantized path must equal."""
+    values = quants.dequantize(raw.data, Q(raw.qtype)).reshape(raw.shape)
+    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """A float32 tensor's bit patterns, for equality that tells -0.0 from 0.0 and NaNs apart."""
+    return t.contiguous().view(torch.int32)
