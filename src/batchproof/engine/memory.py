@@ -30,28 +30,20 @@ def _madvise():
 _MADVISE = _madvise()
 
 
-def _malloc_trim():
+def _glibc(name: str):
+    """glibc's function `name`, or None (not Linux, or a libc without it, as musl)."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        return ctypes.CDLL(None).malloc_trim  # glibc; absent on musl
+        return getattr(ctypes.CDLL(None), name)
     except AttributeError:
         return None
 
 
-_MALLOC_TRIM = _malloc_trim()
+_MALLOC_TRIM = _glibc("malloc_trim")
 
 
-def _mallopt():
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL(None).mallopt  # glibc
-    except AttributeError:
-        return None
-
-
-_MALLOPT = _mallopt()
+_MALLOPT = _glibc("mallopt")
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 LARGE_BLOCK_BYTES = 2**20  # 128 KB (glibc's start) peaked the same, with more mappings made and dropped
 HEAP_BLOCK_BYTES = 32 * 2**20  # the most glibc takes for M_MMAP_THRESHOLD on 64-bit hosts

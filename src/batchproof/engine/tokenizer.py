@@ -144,14 +144,9 @@ class Tokenizer:
                              "'gpt2' byte-level BPE, 'llama' SentencePiece)")
         tokens: list[str] = list(metadata["tokenizer.ggml.tokens"])
         types: list[int] = list(metadata.get("tokenizer.ggml.token_type", [TOKEN_NORMAL] * len(tokens)))
-        self.vocab_size = len(tokens)
         hf, token_bytes = TOKENIZER_MODELS[model](metadata, tokens, types)
-        self._hf, self._spellings, self._bytes = hf, _packed_spellings(tokens), PackedBytes(token_bytes)
-        special = [i for i, t in enumerate(types) if t in (TOKEN_CONTROL, TOKEN_USER_DEFINED)]
-        self.special_ids = frozenset(special)
-        # The most text one token stands for (its bytes, or a special token's spelling): a text
-        # longer than N of these has more than N tokens, known before tokenizing it.
-        self.max_token_text_bytes = max(1, *self._bytes.lengths(), *(len(tokens[i].encode()) for i in special))
+        special = frozenset(i for i, t in enumerate(types) if t in (TOKEN_CONTROL, TOKEN_USER_DEFINED))
+        self._set_vocabulary(hf, tokens, token_bytes, special)
         eos = metadata.get("tokenizer.ggml.eos_token_id")
         bos = metadata.get("tokenizer.ggml.bos_token_id")
         declared = {metadata.get(k) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
@@ -172,11 +167,17 @@ class Tokenizer:
         """A tokenizer built elsewhere (a Hugging Face checkpoint's tokenizer.json: hf_tokenizer.py):
         one spelling and one byte string per id, the ids that are special."""
         tokenizer = cls.__new__(cls)
-        tokenizer.vocab_size, tokenizer._hf = len(tokens), hf
-        tokenizer._spellings, tokenizer._bytes = _packed_spellings(tokens), PackedBytes(token_bytes)
-        tokenizer.special_ids, tokenizer.ids = special_ids, ids
-        tokenizer.max_token_text_bytes = max(1, *map(len, token_bytes), *(len(tokens[i].encode()) for i in special_ids))
+        tokenizer._set_vocabulary(hf, tokens, token_bytes, special_ids)
+        tokenizer.ids = ids
         return tokenizer
+
+    def _set_vocabulary(self, hf: HFTokenizer, tokens: list[str], token_bytes: list[bytes],
+                        special_ids: frozenset[int]) -> None:
+        self.vocab_size, self._hf, self.special_ids = len(tokens), hf, special_ids
+        self._spellings, self._bytes = _packed_spellings(tokens), PackedBytes(token_bytes)
+        # The most text one token stands for (its bytes, or a special token's spelling): a text
+        # longer than N of these has more than N tokens, known before tokenizing it.
+        self.max_token_text_bytes = max(1, *self._bytes.lengths(), *(len(self._spellings[i]) for i in special_ids))
 
     def encode(self, text: str, add_bos: bool = False) -> list[int]:
         """Special-token spellings in `text` become their ids, as in a chat template's output."""
