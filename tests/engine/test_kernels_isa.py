@@ -76,7 +76,7 @@ def test_a_tiny_model_matches_the_reference_and_batches_invariantly(isa, tmp_pat
 
 
 @pytest.mark.parametrize("window", [0, 7])  # 7: a sliding window (gemma3's local layers) that cuts in
-@pytest.mark.parametrize("head_dim", [64, 40])  # 64: the vector paths; 40: their scalar fallback
+@pytest.mark.parametrize("head_dim", [64, 256, 40])  # 64, 256 (gemma3): the vector paths; 40: their scalar fallback
 def test_prompt_attention_is_decode_attention_row_for_row(isa, head_dim, window):
     """A prompt row attends like a decode step at its position, bit for bit, whatever chunk
     held it: the property the prefix cache stands on."""
@@ -88,9 +88,11 @@ def test_prompt_attention_is_decode_attention_row_for_row(isa, head_dim, window)
     decoded = kernels.decode_attention(q, k_cache, v_cache, torch.full((23,), slot), torch.arange(1, 24), scale, 2,
                                        window)
     assert torch.equal(kernels.prompt_attention(q, k_cache, v_cache, slot, 0, scale, 2, window), decoded)
-    for start, end in [(0, 5), (5, 6), (6, 17), (17, 23)]:  # another chunk layout of the same rows
-        chunk = kernels.prompt_attention(q[start:end], k_cache, v_cache, slot, start, scale, 1, window)
-        assert torch.equal(chunk, decoded[start:end])
+    for size in range(1, 6):  # other chunk layouts of the same rows: every row count and start's phase
+        for start in range(0, 23, size):
+            end = min(start + size, 23)
+            chunk = kernels.prompt_attention(q[start:end], k_cache, v_cache, slot, start, scale, 1, window)
+            assert torch.equal(chunk, decoded[start:end])
     keys, values = k_cache[slot].double(), v_cache[slot].double()  # [kv_heads, max_len, hd]
     for row in (0, 9, 22):
         first = max(0, row - window + 1) if window else 0
@@ -110,3 +112,15 @@ def test_gelu_tanh_mul_per_row(isa):
     assert torch.allclose(act.double(), expected, rtol=1e-5, atol=1e-6)
     for row in range(5):
         assert torch.equal(kernels.gelu_tanh_mul(gate_up[row:row + 1])[0], act[row])
+
+
+def test_gated_rows_split_between_threads(isa):
+    """A prefill's activations run on every thread (rows split between them): each element's
+    bits are those of its row alone on one thread."""
+    torch.manual_seed(40 + isa)
+    gate_up = torch.randn(301, 2 * 97) * 4  # enough elements for the split
+    for kernel in (kernels.silu_mul, kernels.gelu_tanh_mul):
+        together = kernel(gate_up, 2)
+        assert torch.equal(together, kernel(gate_up, 1))
+        for row in (0, 150, 151, 300):
+            assert torch.equal(kernel(gate_up[row:row + 1], 1)[0], together[row])

@@ -126,54 +126,114 @@ void bp_decode_attention_f32(const float *q, const float *k_cache, const float *
 #define PROMPT_ROWS 4
 
 #ifdef BP_X86
+/* max_score's result: the running max is max_ps(s, top) lane by lane (s > top ? s : top,
+ * as there, so a NaN score is passed over), then the lanes. Only a tie between +0 and -0
+ * can pick a different zero, and s - (+0) and s - (-0) give every exp the same bits. */
+__attribute__((target("avx2,fma")))
+static float max_score_avx2(const float *s, int64_t L) {
+    __m256 top8 = _mm256_set1_ps(-INFINITY);
+    int64_t j = 0;
+    for (; j + 8 <= L; j += 8) top8 = _mm256_max_ps(_mm256_loadu_ps(s + j), top8);
+    float lanes[8], top = -INFINITY;
+    _mm256_storeu_ps(lanes, top8);
+    for (int l = 0; l < 8; l++)
+        if (lanes[l] > top) top = lanes[l];
+    for (; j < L; j++)
+        if (s[j] > top) top = s[j];
+    return top;
+}
+
 /* R <= PROMPT_ROWS query rows of one head at consecutive positions; row r attends keys
- * 0..L0+r-1. Each key and value row is loaded once for all R rows (the reason this
- * exists: one row at a time reads every key R times), but every row's arithmetic is
- * attend_avx2's: a key's score is one accumulator over D then one horizontal sum, an
- * output lane one accumulator over the keys in order. So a prompt row has the bits of a
- * decode step at its position. Needs D % 16 == 0. */
+ * 0..L0+r-1. Every row's arithmetic is attend_avx2's: a key's score is one accumulator over
+ * D then one horizontal sum, times scale; the softmax's max, exps and total in key order;
+ * an output lane one accumulator over the keys in order, times 1 / total. So a prompt row
+ * has the bits of a decode step at its position. What differs is only which of those
+ * independent sums run side by side (the reason this exists: on 2 shared cores the loop is
+ * bound by floating-point uops and loads, not by latency):
+ *   scores: 2 rows x 4 keys at a time, each key and query vector loaded once for the tile
+ *     and four scores' horizontal sums done together (hsum4_avx2);
+ *   totals: the rows' sums interleaved, key by key, so four add chains overlap;
+ *   outputs: 2 rows x 32 lanes at a time, a score broadcast once per row and key.
+ * Needs D % 32 == 0. */
 __attribute__((target("avx2,fma")))
 static void attend_rows_avx2(const float *q, int64_t q_stride, const float *keys, const float *values, float *o,
                              int64_t o_stride, float *scores, int R, int64_t L0, int64_t D, float scale) {
-    int64_t S = L0 + R;  /* each row's stretch of `scores` */
-    int64_t j = 0;
-    for (; j < L0; j++) {  /* keys every row sees */
-        __m256 acc[PROMPT_ROWS];
-        for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
-        for (int64_t d = 0; d < D; d += 8) {
-            __m256 kv = _mm256_loadu_ps(keys + j * D + d);
-            for (int r = 0; r < R; r++) acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + r * q_stride + d), kv, acc[r]);
+    const int64_t S = L0 + R; /* each row's stretch of `scores` */
+    const __m128 scale4 = _mm_set1_ps(scale);
+    for (int r0 = 0; r0 < R; r0 += 2) {
+        const int rows = R - r0 < 2 ? R - r0 : 2;
+        const float *q0 = q + r0 * q_stride, *q1 = q + (r0 + rows - 1) * q_stride;
+        int64_t j = 0;
+        for (; j + 4 <= L0 + r0; j += 4) { /* keys both rows see */
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+            const float *k = keys + j * D;
+            for (int64_t d = 0; d < D; d += 8) {
+                const __m256 x0 = _mm256_loadu_ps(q0 + d), x1 = _mm256_loadu_ps(q1 + d);
+                __m256 kv = _mm256_loadu_ps(k + d);
+                a0 = _mm256_fmadd_ps(x0, kv, a0), b0 = _mm256_fmadd_ps(x1, kv, b0);
+                kv = _mm256_loadu_ps(k + D + d);
+                a1 = _mm256_fmadd_ps(x0, kv, a1), b1 = _mm256_fmadd_ps(x1, kv, b1);
+                kv = _mm256_loadu_ps(k + 2 * D + d);
+                a2 = _mm256_fmadd_ps(x0, kv, a2), b2 = _mm256_fmadd_ps(x1, kv, b2);
+                kv = _mm256_loadu_ps(k + 3 * D + d);
+                a3 = _mm256_fmadd_ps(x0, kv, a3), b3 = _mm256_fmadd_ps(x1, kv, b3);
+            }
+            _mm_storeu_ps(scores + r0 * S + j, _mm_mul_ps(hsum4_avx2(a0, a1, a2, a3), scale4));
+            if (rows == 2) _mm_storeu_ps(scores + (r0 + 1) * S + j, _mm_mul_ps(hsum4_avx2(b0, b1, b2, b3), scale4));
         }
-        for (int r = 0; r < R; r++) scores[r * S + j] = hsum_avx2(acc[r]) * scale;
+        for (int r = r0; r < r0 + rows; r++) /* the last few shared keys, and each row's own */
+            for (int64_t i = j; i < L0 + r; i++)
+                scores[r * S + i] = bp_dot8_avx2(q + r * q_stride, keys + i * D, D) * scale;
     }
-    for (int r = 1; r < R; r++)  /* the later rows' own last keys */
-        for (j = L0; j < L0 + r; j++) scores[r * S + j] = bp_dot8_avx2(q + r * q_stride, keys + j * D, D) * scale;
-    float inv[PROMPT_ROWS];
+    float total[PROMPT_ROWS] = {0.0f, 0.0f, 0.0f, 0.0f}, inv[PROMPT_ROWS];
     for (int r = 0; r < R; r++) {
         float *sr = scores + r * S;
-        exp_shifted_avx2(sr, L0 + r, max_score(sr, L0 + r));
-        inv[r] = inverse_total(sr, L0 + r);
+        exp_shifted_avx2(sr, L0 + r, max_score_avx2(sr, L0 + r));
     }
-    for (int64_t d = 0; d < D; d += 16) {
-        __m256 a0[PROMPT_ROWS], a1[PROMPT_ROWS];
-        for (int r = 0; r < R; r++) a0[r] = a1[r] = _mm256_setzero_ps();
-        for (j = 0; j < L0; j++) {
-            __m256 v0 = _mm256_loadu_ps(values + j * D + d), v1 = _mm256_loadu_ps(values + j * D + d + 8);
-            for (int r = 0; r < R; r++) {
-                __m256 p = _mm256_set1_ps(scores[r * S + j]);
-                a0[r] = _mm256_fmadd_ps(p, v0, a0[r]);
-                a1[r] = _mm256_fmadd_ps(p, v1, a1[r]);
+    for (int64_t j = 0; j < L0; j++) /* each row's total in key order; the rows side by side */
+        for (int r = 0; r < R; r++) total[r] += scores[r * S + j];
+    for (int r = 0; r < R; r++) {
+        for (int64_t j = L0; j < L0 + r; j++) total[r] += scores[r * S + j];
+        inv[r] = 1.0f / total[r];
+    }
+    for (int r0 = 0; r0 < R; r0 += 2) {
+        const int rows = R - r0 < 2 ? R - r0 : 2;
+        const float *s0 = scores + r0 * S, *s1 = scores + (r0 + rows - 1) * S;
+        for (int64_t d = 0; d < D; d += 32) {
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+            const float *v = values + d;
+            int64_t j = 0;
+            for (; j < L0 + r0; j++, v += D) { /* keys both rows see */
+                const __m256 p = _mm256_broadcast_ss(s0 + j), p1 = _mm256_broadcast_ss(s1 + j);
+                __m256 vv = _mm256_loadu_ps(v);
+                a0 = _mm256_fmadd_ps(p, vv, a0), b0 = _mm256_fmadd_ps(p1, vv, b0);
+                vv = _mm256_loadu_ps(v + 8);
+                a1 = _mm256_fmadd_ps(p, vv, a1), b1 = _mm256_fmadd_ps(p1, vv, b1);
+                vv = _mm256_loadu_ps(v + 16);
+                a2 = _mm256_fmadd_ps(p, vv, a2), b2 = _mm256_fmadd_ps(p1, vv, b2);
+                vv = _mm256_loadu_ps(v + 24);
+                a3 = _mm256_fmadd_ps(p, vv, a3), b3 = _mm256_fmadd_ps(p1, vv, b3);
             }
-        }
-        for (int r = 0; r < R; r++) {
-            for (j = L0; j < L0 + r; j++) {
-                __m256 p = _mm256_set1_ps(scores[r * S + j]);
-                a0[r] = _mm256_fmadd_ps(p, _mm256_loadu_ps(values + j * D + d), a0[r]);
-                a1[r] = _mm256_fmadd_ps(p, _mm256_loadu_ps(values + j * D + d + 8), a1[r]);
+            float *out = o + r0 * o_stride + d;
+            __m256 iv = _mm256_set1_ps(inv[r0]);
+            _mm256_storeu_ps(out, _mm256_mul_ps(a0, iv));
+            _mm256_storeu_ps(out + 8, _mm256_mul_ps(a1, iv));
+            _mm256_storeu_ps(out + 16, _mm256_mul_ps(a2, iv));
+            _mm256_storeu_ps(out + 24, _mm256_mul_ps(a3, iv));
+            if (rows < 2) continue;
+            { /* the second row's own last key */
+                const __m256 p = _mm256_broadcast_ss(s1 + j);
+                b0 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v), b0);
+                b1 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8), b1);
+                b2 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 16), b2);
+                b3 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 24), b3);
             }
-            __m256 iv = _mm256_set1_ps(inv[r]);
-            _mm256_storeu_ps(o + r * o_stride + d, _mm256_mul_ps(a0[r], iv));
-            _mm256_storeu_ps(o + r * o_stride + d + 8, _mm256_mul_ps(a1[r], iv));
+            out += o_stride;
+            iv = _mm256_set1_ps(inv[r0 + 1]);
+            _mm256_storeu_ps(out, _mm256_mul_ps(b0, iv));
+            _mm256_storeu_ps(out + 8, _mm256_mul_ps(b1, iv));
+            _mm256_storeu_ps(out + 16, _mm256_mul_ps(b2, iv));
+            _mm256_storeu_ps(out + 24, _mm256_mul_ps(b3, iv));
         }
     }
 }

@@ -92,14 +92,19 @@ static void gelu_mul_avx2(const float *g, const float *u, float *y, int64_t n) {
 
 typedef void (*gated_fn)(const float *, const float *, float *, int64_t);
 
-static void gated_rows(gated_fn row_fn, const float *gate_up, float *y, int64_t rows, int64_t ffn) {
+/* Rows split between threads (a prefill's are hundreds; each element is computed alone, so
+ * the split changes no bit); a decode step's few rows stay on one. */
+#define GATED_PARALLEL_ELEMS 16384
+
+static void gated_rows(gated_fn row_fn, const float *gate_up, float *y, int64_t rows, int64_t ffn, int num_threads) {
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (rows * ffn >= GATED_PARALLEL_ELEMS)
     for (int64_t r = 0; r < rows; r++) row_fn(gate_up + r * 2 * ffn, gate_up + r * 2 * ffn + ffn, y + r * ffn, ffn);
 }
 
-void bp_silu_mul_f32(const float *gate_up, float *y, int64_t rows, int64_t ffn) {
-    gated_rows(BP_PICK(silu_mul_avx2, silu_mul_avx2, silu_mul_scalar), gate_up, y, rows, ffn);
+void bp_silu_mul_f32(const float *gate_up, float *y, int64_t rows, int64_t ffn, int num_threads) {
+    gated_rows(BP_PICK(silu_mul_avx2, silu_mul_avx2, silu_mul_scalar), gate_up, y, rows, ffn, num_threads);
 }
 
-void bp_gelu_tanh_mul_f32(const float *gate_up, float *y, int64_t rows, int64_t ffn) {
-    gated_rows(BP_PICK(gelu_mul_avx2, gelu_mul_avx2, gelu_mul_scalar), gate_up, y, rows, ffn);
+void bp_gelu_tanh_mul_f32(const float *gate_up, float *y, int64_t rows, int64_t ffn, int num_threads) {
+    gated_rows(BP_PICK(gelu_mul_avx2, gelu_mul_avx2, gelu_mul_scalar), gate_up, y, rows, ffn, num_threads);
 }

@@ -69,10 +69,10 @@ class KernelOps:
         return torch.cat([q, k, v.flatten(1)], dim=1)
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
-        return kernels.silu_mul(gate_up)
+        return kernels.silu_mul(gate_up, self.num_threads)
 
     def gelu_tanh_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
-        return kernels.gelu_tanh_mul(gate_up)
+        return kernels.gelu_tanh_mul(gate_up, self.num_threads)
 
     def prompt_attention(self, q: torch.Tensor, cache: KVCache, layer: int, slot: int, start: int,
                          scale: float, window: int = 0) -> torch.Tensor:

@@ -71,8 +71,8 @@ int64_t bp_block_elems(int type);
 void bp_rms_norm_f32(const float *x, const float *w, float *y, int64_t rows, int64_t dim, float eps);
 void bp_rope_f32(float *x, int64_t rows, int64_t row_stride, int64_t heads, int64_t head_dim, int64_t rope_dim,
                  const int64_t *positions, const float *cos_table, const float *sin_table, int style);
-void bp_silu_mul_f32(const float *gate_up, float *y, int64_t rows, int64_t ffn);
-void bp_gelu_tanh_mul_f32(const float *gate_up, float *y, int64_t rows, int64_t ffn);
+void bp_silu_mul_f32(const float *gate_up, float *y, int64_t rows, int64_t ffn, int num_threads);
+void bp_gelu_tanh_mul_f32(const float *gate_up, float *y, int64_t rows, int64_t ffn, int num_threads);
 
 /* ---------------- logprobs and the greedy choice (logprobs.c) ---------------- */
 

@@ -133,21 +133,21 @@ def rope_(rows: torch.Tensor, num_heads: int, head_dim: int, rope_dim: int, posi
                            _ptr(positions), _ptr(cos), _ptr(sin), 0 if style == "adjacent" else 1)
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+def silu_mul(gate_up: torch.Tensor, num_threads: int = 1) -> torch.Tensor:
     """[rows, 2 * ffn] ([gate | up]) -> silu(gate) * up, [rows, ffn], every element by the same code."""
-    return _gated(gate_up, _library().bp_silu_mul_f32)
+    return _gated(gate_up, _library().bp_silu_mul_f32, num_threads)
 
 
-def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor:
+def gelu_tanh_mul(gate_up: torch.Tensor, num_threads: int = 1) -> torch.Tensor:
     """[rows, 2 * ffn] ([gate | up]) -> gelu_tanh(gate) * up (Gemma), every element by the same code."""
-    return _gated(gate_up, _library().bp_gelu_tanh_mul_f32)
+    return _gated(gate_up, _library().bp_gelu_tanh_mul_f32, num_threads)
 
 
-def _gated(gate_up: torch.Tensor, kernel) -> torch.Tensor:
+def _gated(gate_up: torch.Tensor, kernel, num_threads: int) -> torch.Tensor:
     gate_up = gate_up.contiguous()
     rows, width = gate_up.shape
     y = torch.empty(rows, width // 2, dtype=torch.float32)
-    kernel(_ptr(gate_up), _ptr(y), rows, width // 2)
+    kernel(_ptr(gate_up), _ptr(y), rows, width // 2, num_threads)
     return y
 
 

@@ -32,6 +32,20 @@ static inline float hsum_avx2(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* hsum_avx2 of four accumulators at once: lane l plus lane l + 4 in each, then the pairs
+ * (0, 2) and (1, 3) of all four side by side, then their last add: each sum is its own
+ * sum8 tree, the same operands in the same order, so the same bits as four hsum_avx2. */
+__attribute__((target("avx2,fma")))
+static inline __m128 hsum4_avx2(__m256 a, __m256 b, __m256 c, __m256 d) {
+    __m128 ta = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    __m128 tb = _mm_add_ps(_mm256_castps256_ps128(b), _mm256_extractf128_ps(b, 1));
+    __m128 tc = _mm_add_ps(_mm256_castps256_ps128(c), _mm256_extractf128_ps(c, 1));
+    __m128 td = _mm_add_ps(_mm256_castps256_ps128(d), _mm256_extractf128_ps(d, 1));
+    __m128 ab = _mm_add_ps(_mm_unpacklo_ps(ta, tb), _mm_unpackhi_ps(ta, tb)); /* a02 b02 a13 b13 */
+    __m128 cd = _mm_add_ps(_mm_unpacklo_ps(tc, td), _mm_unpackhi_ps(tc, td));
+    return _mm_add_ps(_mm_movelh_ps(ab, cd), _mm_movehl_ps(cd, ab));
+}
+
 /* Lanes k..k+7 of a row of n: all-ones where k + lane < n (the row's tail is masked). */
 __attribute__((target("avx2,fma")))
 static inline __m256i tail_mask_avx2(int64_t k, int64_t n) {

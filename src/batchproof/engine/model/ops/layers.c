@@ -85,9 +85,9 @@ static void layer(const bp_shape *s, const bp_layer *L, scratch *t, float *x, in
     bp_rms_norm_f32(x, L->ffn_norm, t->h, M, s->dim, s->eps);
     linear(&L->w_gate_up, t->h, NULL, t->gate_up, M, s->dim, 0, num_threads);
     if (s->mlp_act == BP_ACT_GELU_TANH)
-        bp_gelu_tanh_mul_f32(t->gate_up, t->act, M, s->ffn_dim);
+        bp_gelu_tanh_mul_f32(t->gate_up, t->act, M, s->ffn_dim, num_threads);
     else
-        bp_silu_mul_f32(t->gate_up, t->act, M, s->ffn_dim);
+        bp_silu_mul_f32(t->gate_up, t->act, M, s->ffn_dim, num_threads);
     add_output(s, &L->w_down, L->post_ffn_norm, t->act, s->ffn_dim, x, t->out, M, num_threads);
 }
 

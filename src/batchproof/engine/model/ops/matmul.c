@@ -73,6 +73,14 @@ void tile_ymm_body(const float *x, const float *w, float *y, int64_t K, int64_t 
             for (int j = 0; j < nt; j++) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
         }
     }
+    if (mt == 4) { /* a column's four sums at once: the same trees (hsum4_avx2) */
+        for (int j = 0; j < nt; j++) {
+            float col[4];
+            _mm_storeu_ps(col, hsum4_avx2(acc[0][j], acc[1][j], acc[2][j], acc[3][j]));
+            for (int i = 0; i < 4; i++) y[i * N + j] = col[i];
+        }
+        return;
+    }
     for (int i = 0; i < mt; i++)
         for (int j = 0; j < nt; j++) y[i * N + j] = hsum_avx2(acc[i][j]);
 }

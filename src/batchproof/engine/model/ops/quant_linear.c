@@ -51,32 +51,46 @@ static void linear_q_fused(qtile_fn tile, const float *x, const uint8_t *w, int 
     free(packed);
 }
 
-/* y[:, 0:N] (+)= x @ w^T (+ b) through a buffer: each tile of weight rows dequantized once
- * (`dequant`: the weight's type's), then the float32 tile over it for every row tile of x. */
+/* Dequantized weights a thread keeps for one pass over x: a group of weight tiles, sized to
+ * sit in L2 beside the rows of x it meets. A prefill's x (677 rows x 576 floats: 1.5 MB) does
+ * not fit in L2, so each pass over it streams from L3; a group of tiles per pass instead of
+ * one cuts that traffic by the group's size (the matmuls ran ~5-8% faster at M = 677). */
+#define GROUP_BYTES (96 * 1024)
+
+/* y[:, 0:N] (+)= x @ w^T (+ b) through a buffer: a group of weight tiles dequantized once
+ * (`dequant`: the weight's type's), then for each row tile of x the float32 tile over each of
+ * them. Each output is still one tile call's sum over the same x and weights: the grouping
+ * changes only the order in which outputs are computed, never a bit of one. */
 static void linear_q_buffered(dequant_fn dequant, const float *x, const uint8_t *w, int64_t row_bytes, const float *b,
                               float *y, int64_t ldy, int64_t M, int64_t N, int64_t K, int accumulate,
                               int num_threads) {
     tile_fn tile = bp_pick_tile();
     const int width = bp_tile_width(M);
-    int64_t num_tiles = (N + width - 1) / width;
+    const int64_t num_tiles = (N + width - 1) / width, tile_bytes = (int64_t)NT * K * 4;
+    const int64_t group = GROUP_BYTES / tile_bytes > 1 ? GROUP_BYTES / tile_bytes : 1;
+    const int64_t num_groups = (num_tiles + group - 1) / group;
 #pragma omp parallel num_threads(num_threads)
     {
-        float *buf = aligned_alloc(64, (size_t)((NT * K * 4 + 63) / 64 * 64));
+        float *buf = aligned_alloc(64, (size_t)((group * tile_bytes + 63) / 64 * 64));
         float sums[MT * NT];
         /* Threads split outputs, never K: each output is summed by exactly one thread. */
 #pragma omp for schedule(static)
-        for (int64_t t = 0; t < num_tiles; t++) {
-            int64_t n = t * width;
-            int nt = (int)(N - n < width ? N - n : width);
-            if (t + 1 < num_tiles) /* the next tile's bytes, on their way to L2 meanwhile */
-                for (int64_t off = 0; off < width * row_bytes && (n + width) * row_bytes + off < N * row_bytes;
-                     off += 64)
-                    __builtin_prefetch(w + (n + width) * row_bytes + off, 0, 2);
-            for (int j = 0; j < nt; j++) dequant(w + (n + j) * row_bytes, K, buf + j * K);
+        for (int64_t gi = 0; gi < num_groups; gi++) {
+            const int64_t t0 = gi * group, t1 = t0 + group < num_tiles ? t0 + group : num_tiles;
+            for (int64_t t = t0; t < t1; t++) {
+                const int64_t n = t * width;
+                const int nt = (int)(N - n < width ? N - n : width);
+                for (int j = 0; j < nt; j++) dequant(w + (n + j) * row_bytes, K, buf + ((t - t0) * NT + j) * K);
+            }
             for (int64_t m = 0; m < M; m += MT) {
-                int mt = (int)(M - m < MT ? M - m : MT);
-                tile(x + m * K, buf, sums, K, NT, mt, nt, buf);
-                bp_store_tile(sums, NT, b, y, m, n, mt, nt, ldy, accumulate);
+                const int mt = (int)(M - m < MT ? M - m : MT);
+                for (int64_t t = t0; t < t1; t++) {
+                    const int64_t n = t * width;
+                    const int nt = (int)(N - n < width ? N - n : width);
+                    const float *wt = buf + (t - t0) * NT * K;
+                    tile(x + m * K, wt, sums, K, NT, mt, nt, wt);
+                    bp_store_tile(sums, NT, b, y, m, n, mt, nt, ldy, accumulate);
+                }
             }
         }
         free(buf);
