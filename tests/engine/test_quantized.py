@@ -46,6 +46,20 @@ def test_quantized_matmul_is_bitwise_the_float32_kernel_on_the_dequantized_weigh
     assert torch.allclose(y.double(), reference, rtol=1e-5, atol=1e-4 * float(reference.abs().max()))
 
 
+@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q6_K], ids=lambda t: t.name)
+def test_the_buffer_s_groups_of_tiles_change_no_bit(qtype, isa):
+    """Past four rows a thread unpacks a group of weight tiles (sized to L2) and takes every row
+    tile of x through it: many groups, a ragged last tile, one thread or two, the same bits."""
+    k = 1024  # tiles of 16 KB, six to a group: 301 outputs (101 tiles) make 17-18 groups
+    raw = random_tensor(qtype, 301, k, seed=7)
+    weight, dense = quant_weight(raw), dequantized(raw)
+    x = torch.randn(9, k, generator=torch.Generator().manual_seed(2))
+    y = kernels.linear_q(x, weight, None, 2)
+    assert torch.equal(y, kernels.linear(x, dense, None, 2))
+    assert torch.equal(kernels.linear_q(x, weight, None, 1), y)
+    assert torch.equal(kernels.linear_q(x[3:8], weight, None, 3), y[3:8])
+
+
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_embedding_rows_are_the_dequantized_rows(qtype):
     raw = random_tensor(qtype, 50, 256, seed=7)

@@ -4,7 +4,8 @@ A scripted server's decode rates are the machine's, not the script's: with anoth
 beside it, c=4's share of c=1's rate swings (28.6% of 465.9 tok/s was seen on a fresh clone), so
 a test of the probe's wiring that judged S7 would fail by the machine's load. These tests judge
 everything else; S7 itself is tested on fixed timings (tests/probe/test_s7_fixed_timings.py and
-the check's case table)."""
+the check's case table). Load can also bunch a live stream's chunks until it looks buffered, so S7
+goes unmeasured; that too is set aside where the server declared the stream live."""
 
 from pathlib import Path
 
@@ -27,4 +28,17 @@ def judge_probe_witness(directory: Path, witness: dict, require_bitwise: bool = 
     contract.write_text(yaml.safe_dump(raw))
     witness = {**witness, "model": {"path": "fake.gguf", "sha256": "0" * 64},
                "host": "h", "commit": "c", "binary_sha256": "b" * 64}
-    return check_witness(judged, witness, "--contract", str(contract))
+    code, reasons = check_witness(judged, witness, "--contract", str(contract))
+    if _arrived_late(witness):  # the machine's load, not the wiring: S7 set aside there too
+        reasons = [r for r in reasons if not r.startswith("S7 unmeasured")]
+        code = code if reasons else 0
+    return code, reasons
+
+
+def _arrived_late(witness: dict) -> bool:
+    """Whether a stream the scripted server sent live (2 ms a chunk) reached the probe in too few
+    bursts to time: a client held off the CPU for a few scheduler slices reads a dozen chunks at
+    once (seen on a fresh clone with tests running beside it), so its rate, and S7, are
+    unmeasured by the machine's load. A stream sent buffered is still named unmeasured."""
+    return any((slot.get("stream_mode_conflict") or "").startswith("declared stream_mode live")
+               for band in witness.get("bands", []) for slot in band.get("slots", []))

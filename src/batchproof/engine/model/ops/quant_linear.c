@@ -67,8 +67,11 @@ static void linear_q_buffered(dequant_fn dequant, const float *x, const uint8_t 
     tile_fn tile = bp_pick_tile();
     const int width = bp_tile_width(M);
     const int64_t num_tiles = (N + width - 1) / width, tile_bytes = (int64_t)NT * K * 4;
-    const int64_t group = GROUP_BYTES / tile_bytes > 1 ? GROUP_BYTES / tile_bytes : 1;
-    const int64_t num_groups = (num_tiles + group - 1) / group;
+    const int64_t most = GROUP_BYTES / tile_bytes > 1 ? GROUP_BYTES / tile_bytes : 1; /* tiles a group may hold */
+    /* A multiple of the threads, so each thread gets as many groups (an empty one is skipped) */
+    const int64_t threads = num_threads > 1 ? num_threads : 1;
+    const int64_t num_groups = ((num_tiles + most - 1) / most + threads - 1) / threads * threads;
+    const int64_t group = (num_tiles + num_groups - 1) / num_groups; /* the largest group's tiles */
 #pragma omp parallel num_threads(num_threads)
     {
         float *buf = aligned_alloc(64, (size_t)((group * tile_bytes + 63) / 64 * 64));
@@ -76,7 +79,8 @@ static void linear_q_buffered(dequant_fn dequant, const float *x, const uint8_t 
         /* Threads split outputs, never K: each output is summed by exactly one thread. */
 #pragma omp for schedule(static)
         for (int64_t gi = 0; gi < num_groups; gi++) {
-            const int64_t t0 = gi * group, t1 = t0 + group < num_tiles ? t0 + group : num_tiles;
+            /* Tiles split as evenly as the groups allow, so the threads get equal shares. */
+            const int64_t t0 = gi * num_tiles / num_groups, t1 = (gi + 1) * num_tiles / num_groups;
             for (int64_t t = t0; t < t1; t++) {
                 const int64_t n = t * width;
                 const int nt = (int)(N - n < width ? N - n : width);
