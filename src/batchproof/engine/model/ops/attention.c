@@ -57,6 +57,23 @@ static void exp_shifted_avx2(float *s, int64_t L, float shift) {
     }
 }
 
+/* max_score's result: the running max is max_ps(s, top) lane by lane (s > top ? s : top,
+ * as there, so a NaN score is passed over), then the lanes. Only a tie between +0 and -0
+ * can pick a different zero, and s - (+0) and s - (-0) give every exp the same bits. */
+__attribute__((target("avx2,fma")))
+static float max_score_avx2(const float *s, int64_t L) {
+    __m256 top8 = _mm256_set1_ps(-INFINITY);
+    int64_t j = 0;
+    for (; j + 8 <= L; j += 8) top8 = _mm256_max_ps(_mm256_loadu_ps(s + j), top8);
+    float lanes[8], top = -INFINITY;
+    _mm256_storeu_ps(lanes, top8);
+    for (int l = 0; l < 8; l++)
+        if (lanes[l] > top) top = lanes[l];
+    for (; j < L; j++)
+        if (s[j] > top) top = s[j];
+    return top;
+}
+
 /* Needs D % 64 == 0 (every head size here); attend_scalar, with the same bits, takes the rest. */
 __attribute__((target("avx2,fma")))
 static void attend_avx2(const float *q, const float *keys, const float *values, float *o, float *scores,
@@ -76,13 +93,10 @@ static void attend_avx2(const float *q, const float *keys, const float *values, 
             a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 2 * D + d), a2);
             a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 3 * D + d), a3);
         }
-        scores[j] = hsum_avx2(a0) * scale;
-        scores[j + 1] = hsum_avx2(a1) * scale;
-        scores[j + 2] = hsum_avx2(a2) * scale;
-        scores[j + 3] = hsum_avx2(a3) * scale;
+        _mm_storeu_ps(scores + j, _mm_mul_ps(hsum4_avx2(a0, a1, a2, a3), _mm_set1_ps(scale)));
     }
     for (; j < L; j++) scores[j] = bp_dot8_avx2(q, keys + j * D, D) * scale;
-    exp_shifted_avx2(scores, L, max_score(scores, L));
+    exp_shifted_avx2(scores, L, max_score_avx2(scores, L));
     __m256 inv = _mm256_set1_ps(inverse_total(scores, L));
     for (int64_t d = 0; d < D; d += 64) {  /* eight lanes' accumulators at a time */
         __m256 a[8];
@@ -126,23 +140,6 @@ void bp_decode_attention_f32(const float *q, const float *k_cache, const float *
 #define PROMPT_ROWS 4
 
 #ifdef BP_X86
-/* max_score's result: the running max is max_ps(s, top) lane by lane (s > top ? s : top,
- * as there, so a NaN score is passed over), then the lanes. Only a tie between +0 and -0
- * can pick a different zero, and s - (+0) and s - (-0) give every exp the same bits. */
-__attribute__((target("avx2,fma")))
-static float max_score_avx2(const float *s, int64_t L) {
-    __m256 top8 = _mm256_set1_ps(-INFINITY);
-    int64_t j = 0;
-    for (; j + 8 <= L; j += 8) top8 = _mm256_max_ps(_mm256_loadu_ps(s + j), top8);
-    float lanes[8], top = -INFINITY;
-    _mm256_storeu_ps(lanes, top8);
-    for (int l = 0; l < 8; l++)
-        if (lanes[l] > top) top = lanes[l];
-    for (; j < L; j++)
-        if (s[j] > top) top = s[j];
-    return top;
-}
-
 /* R <= PROMPT_ROWS query rows of one head at consecutive positions; row r attends keys
  * 0..L0+r-1. Every row's arithmetic is attend_avx2's: a key's score is one accumulator over
  * D then one horizontal sum, times scale; the softmax's max, exps and total in key order;
