@@ -5,14 +5,13 @@ The promise is bitwise: a quantized matmul equals the float32 kernel's matmul on
 dequantized weight (`==`), at any row count, so native and float32 weights give the same
 logits; and it stays within float32 rounding of a float64 reference."""
 
-import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType, quants
+from gguf import GGMLQuantizationType
 
 from batchproof.engine.model.ops import kernels
 from batchproof.engine.model.weights import RawTensor, quant_weight
-from tests.helpers.quant_blocks import random_blocks
+from tests.helpers.quant_blocks import dequantized, random_blocks
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="kernels not built here")
 
@@ -22,12 +21,6 @@ TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.F16, 
 
 def random_tensor(qtype: Q, rows: int, k: int, seed: int) -> RawTensor:
     return RawTensor(random_blocks(qtype, rows, k, seed), int(qtype), (rows, k))
-
-
-def dequantized(t: RawTensor) -> torch.Tensor:
-    values = quants.dequantize(t.data, GGMLQuantizationType(t.qtype)).reshape(t.shape)
-    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
-
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
