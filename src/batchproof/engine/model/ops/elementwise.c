@@ -49,14 +49,21 @@ static void silu_mul_scalar(const float *g, const float *u, float *y, int64_t n)
 }
 
 #ifdef BP_X86
+/* Eight elements; the loops below mask only their tail, since a masked store (vmaskmovps)
+ * costs several plain ones on some CPUs (Zen 1: the SiLU of a decode step ran 1.5x slower). */
+__attribute__((target("avx2,fma")))
+static inline __m256 silu_mul8(__m256 gv, __m256 uv) {
+    __m256 e = exp_poly_avx2(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+    return _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), uv);
+}
+
 __attribute__((target("avx2,fma")))
 static void silu_mul_avx2(const float *g, const float *u, float *y, int64_t n) {
-    for (int64_t i = 0; i < n; i += 8) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, silu_mul8(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i)));
+    if (i < n) {
         __m256i mask = tail_mask_avx2(i, n);
-        __m256 gv = _mm256_maskload_ps(g + i, mask), uv = _mm256_maskload_ps(u + i, mask);
-        __m256 e = exp_poly_avx2(_mm256_sub_ps(_mm256_setzero_ps(), gv));
-        __m256 s = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
-        _mm256_maskstore_ps(y + i, mask, _mm256_mul_ps(s, uv));
+        _mm256_maskstore_ps(y + i, mask, silu_mul8(_mm256_maskload_ps(g + i, mask), _mm256_maskload_ps(u + i, mask)));
     }
 }
 #endif
@@ -76,16 +83,20 @@ static void gelu_mul_scalar(const float *g, const float *u, float *y, int64_t n)
 
 #ifdef BP_X86
 __attribute__((target("avx2,fma")))
+static inline __m256 gelu_mul8(__m256 x, __m256 uv) {
+    __m256 cube = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+    __m256 inner = _mm256_mul_ps(_mm256_set1_ps(GELU_C), _mm256_add_ps(x, _mm256_mul_ps(_mm256_set1_ps(GELU_A), cube)));
+    __m256 e = exp_poly_avx2(_mm256_mul_ps(_mm256_set1_ps(-2.0f), inner));
+    return _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), uv);
+}
+
+__attribute__((target("avx2,fma")))
 static void gelu_mul_avx2(const float *g, const float *u, float *y, int64_t n) {
-    for (int64_t i = 0; i < n; i += 8) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, gelu_mul8(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i)));
+    if (i < n) {
         __m256i mask = tail_mask_avx2(i, n);
-        __m256 x = _mm256_maskload_ps(g + i, mask), uv = _mm256_maskload_ps(u + i, mask);
-        __m256 cube = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
-        __m256 inner = _mm256_mul_ps(_mm256_set1_ps(GELU_C),
-                                     _mm256_add_ps(x, _mm256_mul_ps(_mm256_set1_ps(GELU_A), cube)));
-        __m256 e = exp_poly_avx2(_mm256_mul_ps(_mm256_set1_ps(-2.0f), inner));
-        __m256 s = _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
-        _mm256_maskstore_ps(y + i, mask, _mm256_mul_ps(s, uv));
+        _mm256_maskstore_ps(y + i, mask, gelu_mul8(_mm256_maskload_ps(g + i, mask), _mm256_maskload_ps(u + i, mask)));
     }
 }
 #endif

@@ -44,12 +44,15 @@ static float row_exp_sum_scalar(const float *x, int64_t V, float shift) {
 __attribute__((target("avx2,fma")))
 static float row_exp_sum_avx2(const float *x, int64_t V, float shift) {
     __m256 acc = _mm256_setzero_ps(), s = _mm256_set1_ps(shift), ninf = _mm256_set1_ps(-INFINITY);
-    for (int64_t i = 0; i < V; i += 8) {
+    int64_t i = 0;
+    for (; i + 8 <= V; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        acc = _mm256_add_ps(acc, _mm256_and_ps(_mm256_cmp_ps(v, ninf, _CMP_GT_OQ), exp_poly_avx2(_mm256_sub_ps(v, s))));
+    }
+    if (i < V) { /* the tail's missing lanes as -inf, which add nothing */
         __m256i mask = tail_mask_avx2(i, V);
         __m256 v = _mm256_blendv_ps(ninf, _mm256_maskload_ps(x + i, mask), _mm256_castsi256_ps(mask));
-        __m256 live = _mm256_cmp_ps(v, ninf, _CMP_GT_OQ);
-        __m256 e = exp_poly_avx2(_mm256_sub_ps(v, s));
-        acc = _mm256_add_ps(acc, _mm256_and_ps(live, e));
+        acc = _mm256_add_ps(acc, _mm256_and_ps(_mm256_cmp_ps(v, ninf, _CMP_GT_OQ), exp_poly_avx2(_mm256_sub_ps(v, s))));
     }
     return hsum_avx2(acc);
 }
