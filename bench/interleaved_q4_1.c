@@ -1,7 +1,7 @@
 /* An experiment, not part of the package (nothing builds or tests it): Q4_1 weights with 8
  * rows interleaved, so that the vector lanes are weight rows instead of k, for one row of x
- * (a single-stream decode). bench/interleaved_q4_1.py compiles it, checks its outputs against
- * the library's bit for bit, and times both.
+ * and for two to four (a decode step of a few sequences). bench/interleaved_q4_1.py compiles
+ * it, checks its outputs against the library's bit for bit, and times both.
  *
  * Why: on a Zen 1 every 8-lane instruction costs about an FMA's time, and the register path
  * (quant_tiles.c) pays, besides each weight's unpacking, two broadcasts per block and row for
@@ -48,37 +48,73 @@ void repack(const uint8_t *w, int64_t N, int64_t K, uint8_t *out) {
         }
 }
 
-/* y[0:N] = x @ w^T for one row x, w repacked. */
-__attribute__((target("avx2,fma"))) void linear_interleaved(const float *x, const uint8_t *packed, float *y,
-                                                            int64_t N, int64_t K, int num_threads) {
-    const int64_t blocks = K / 32;
-    float *xb = aligned_alloc(32, (size_t)K * 32); /* x[k] in all 8 lanes */
-    for (int64_t k = 0; k < K; k++) _mm256_store_ps(xb + 8 * k, _mm256_set1_ps(x[k]));
+/* One group of 8 weight rows against MT rows of x, CP classes (k mod 8) at a time: CP * MT
+ * accumulators, enough independent chains to hide the FMA latency and few enough for AVX2's
+ * 16 registers (one row: all 8 classes in one pass; two: 4; three: 4; four: 2). A group's
+ * weights (3.5 KB at K = 576) stay in L1 between passes; each pass unpacks only its own
+ * classes' quants, so every weight is still unpacked once. xb: x's rows broadcast, 8 floats
+ * per k (row i's k at xb + (i * K + k) * 8). */
+#define GROUP_KERNEL(NAME, CP, MT)                                                                             \
+    __attribute__((target("avx2,fma"))) static void NAME(const float *xb, const uint8_t *packed, float *y,    \
+                                                         int64_t N, int64_t K, int64_t g) {                    \
+        const int64_t blocks = K / 32;                                                                        \
+        const __m256i nibble = _mm256_set1_epi32(0x0F);                                                       \
+        __m256 part[MT][8]; /* part[i][c], lane j: row i of x against weight row j, the k = c mod 8 */        \
+        for (int c0 = 0; c0 < 8; c0 += CP) {                                                                  \
+            __m256 acc[CP][MT];                                                                               \
+            for (int cc = 0; cc < CP; cc++)                                                                   \
+                for (int i = 0; i < MT; i++) acc[cc][i] = _mm256_setzero_ps();                                \
+            for (int64_t b = 0; b < blocks; b++) {                                                            \
+                const uint8_t *o = packed + (g * blocks + b) * GROUP_BLOCK;                                   \
+                if (c0 == 0)                                                                                  \
+                    for (int line = 0; line < 3; line++)                                                      \
+                        _mm_prefetch((const char *)(o + 4 * GROUP_BLOCK + 64 * line), _MM_HINT_T0);           \
+                const __m256 d = _mm256_loadu_ps((const float *)o), m = _mm256_loadu_ps((const float *)o + 8); \
+                _Pragma("GCC unroll 8") for (int cc = 0; cc < CP; cc++) {                                     \
+                    const int c = c0 + cc; /* k = c, c + 8 (low nibbles), c + 16, c + 24 (high) */            \
+                    const __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(o + 64 + 8 * c))); \
+                    const __m256i e =                                                                         \
+                        _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(o + 64 + 8 * (c + 8))));       \
+                    const __m256i q[4] = {_mm256_and_si256(a, nibble), _mm256_and_si256(e, nibble),           \
+                                          _mm256_srli_epi32(a, 4), _mm256_srli_epi32(e, 4)};                  \
+                    _Pragma("GCC unroll 4") for (int t = 0; t < 4; t++) {                                     \
+                        const __m256 w = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q[t]), m);                     \
+                        const int64_t k = 32 * b + c + 8 * t;                                                 \
+                        _Pragma("GCC unroll 4") for (int i = 0; i < MT; i++) acc[cc][i] =                     \
+                            _mm256_fmadd_ps(_mm256_load_ps(xb + (i * K + k) * 8), w, acc[cc][i]);             \
+                    }                                                                                         \
+                }                                                                                             \
+            }                                                                                                 \
+            for (int cc = 0; cc < CP; cc++)                                                                   \
+                for (int i = 0; i < MT; i++) part[i][c0 + cc] = acc[cc][i];                                   \
+        }                                                                                                     \
+        /* sum8's tree, lane by lane: (l0 + l4, l1 + l5, l2 + l6, l3 + l7), then (t0 + t2) + (t1 + t3) */     \
+        for (int i = 0; i < MT; i++) {                                                                        \
+            const __m256 t0 = _mm256_add_ps(part[i][0], part[i][4]), t1 = _mm256_add_ps(part[i][1], part[i][5]); \
+            const __m256 t2 = _mm256_add_ps(part[i][2], part[i][6]), t3 = _mm256_add_ps(part[i][3], part[i][7]); \
+            _mm256_storeu_ps(y + i * N + 8 * g, _mm256_add_ps(_mm256_add_ps(t0, t2), _mm256_add_ps(t1, t3)));   \
+        }                                                                                                     \
+    }
+
+GROUP_KERNEL(group_rows1, 8, 1)
+GROUP_KERNEL(group_rows2, 4, 2)
+GROUP_KERNEL(group_rows3, 4, 3)
+GROUP_KERNEL(group_rows4, 2, 4)
+
+/* y[M, N] = x[M, K] @ w^T for 1 <= M <= 4 rows of x, w repacked. */
+__attribute__((target("avx2,fma"))) void linear_interleaved(const float *x, int64_t M, const uint8_t *packed,
+                                                            float *y, int64_t N, int64_t K, int num_threads) {
+    float *xb = aligned_alloc(32, (size_t)(M * K * 32));
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t k = 0; k < K; k++) _mm256_store_ps(xb + (i * K + k) * 8, _mm256_set1_ps(x[i * K + k]));
 #pragma omp parallel for schedule(static) num_threads(num_threads)
     for (int64_t g = 0; g < N / 8; g++) {
-        __m256 acc[8]; /* acc[c], lane j: output j's partial sum of the k = c mod 8 */
-        for (int c = 0; c < 8; c++) acc[c] = _mm256_setzero_ps();
-        const __m256i nibble = _mm256_set1_epi32(0x0F);
-        for (int64_t b = 0; b < blocks; b++) {
-            const uint8_t *o = packed + (g * blocks + b) * GROUP_BLOCK;
-            for (int line = 0; line < 3; line++) _mm_prefetch((const char *)(o + 4 * GROUP_BLOCK + 64 * line), _MM_HINT_T0);
-            const __m256 d = _mm256_loadu_ps((const float *)o), m = _mm256_loadu_ps((const float *)o + 8);
-            const float *xk = xb + 8 * 32 * b;
-#pragma GCC unroll 8
-            for (int c = 0; c < 8; c++) { /* class c: k = c, c + 8 (low nibbles), c + 16, c + 24 (high) */
-                const __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(o + 64 + c * 8)));
-                const __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(o + 64 + (c + 8) * 8)));
-                const __m256i q[4] = {_mm256_and_si256(a, nibble), _mm256_and_si256(e, nibble),
-                                      _mm256_srli_epi32(a, 4), _mm256_srli_epi32(e, 4)};
-                for (int t = 0; t < 4; t++)
-                    acc[c] = _mm256_fmadd_ps(_mm256_load_ps(xk + 8 * (c + 8 * t)),
-                                             _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q[t]), m), acc[c]);
-            }
+        switch (M) {
+        case 1: group_rows1(xb, packed, y, N, K, g); break;
+        case 2: group_rows2(xb, packed, y, N, K, g); break;
+        case 3: group_rows3(xb, packed, y, N, K, g); break;
+        default: group_rows4(xb, packed, y, N, K, g); break;
         }
-        /* sum8's tree for all 8 outputs at once: (l0 + l4, l1 + l5, l2 + l6, l3 + l7), then (t0 + t2) + (t1 + t3) */
-        const __m256 t0 = _mm256_add_ps(acc[0], acc[4]), t1 = _mm256_add_ps(acc[1], acc[5]);
-        const __m256 t2 = _mm256_add_ps(acc[2], acc[6]), t3 = _mm256_add_ps(acc[3], acc[7]);
-        _mm256_storeu_ps(y + 8 * g, _mm256_add_ps(_mm256_add_ps(t0, t2), _mm256_add_ps(t1, t3)));
     }
     free(xb);
 }

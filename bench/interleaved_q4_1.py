@@ -1,5 +1,5 @@
 """Q4_1 with 8 weight rows interleaved (bench/interleaved_q4_1.c) against the library's
-register path, one row of x, on the default model's matmul shapes: the outputs compared bit
+register path, one to four rows of x, on the default model's matmul shapes: the outputs compared bit
 for bit, then both timed alternately in one process (best of 12). An experiment toward a
 faster single stream (docs/batch-invariance.md); the package does not use this layout.
 
@@ -35,11 +35,11 @@ def compile_experiment(out_dir: str) -> ctypes.CDLL:
                     str(ROOT / "bench" / "interleaved_q4_1.c"), "-o", str(so)], check=True)
     lib = ctypes.CDLL(str(so))
     lib.repack.argtypes = [c_void_p, c_int64, c_int64, c_void_p]
-    lib.linear_interleaved.argtypes = [c_void_p, c_void_p, c_void_p, c_int64, c_int64, c_int]
+    lib.linear_interleaved.argtypes = [c_void_p, c_int64, c_void_p, c_void_p, c_int64, c_int64, c_int]
     return lib
 
 
-def compare(ours: ctypes.CDLL, exp: ctypes.CDLL, n: int, k: int, threads: int) -> str:
+def compare(ours: ctypes.CDLL, exp: ctypes.CDLL, rows: int, n: int, k: int, threads: int) -> str:
     weights = [np.ascontiguousarray(random_blocks(GGMLQuantizationType.Q4_1, n, k, seed))
                for seed in range(WEIGHTS_PER_SHAPE)]
     packed = []
@@ -47,16 +47,16 @@ def compare(ours: ctypes.CDLL, exp: ctypes.CDLL, n: int, k: int, threads: int) -
         p = np.empty(n // 8 * (k // 32) * 192, dtype=np.uint8)
         exp.repack(w.ctypes.data, n, k, p.ctypes.data)
         packed.append(p)
-    x, y_lib, y_exp = torch.randn(1, k), torch.empty(1, n), torch.empty(1, n)
+    x, y_lib, y_exp = torch.randn(rows, k), torch.empty(rows, n), torch.empty(rows, n)
 
     def library():
         for w in weights:
-            ours.bp_linear_q(x.data_ptr(), w.ctypes.data, Q4_1, w.shape[1], None, y_lib.data_ptr(), n, 1, n, k, 0,
-                             threads)
+            ours.bp_linear_q(x.data_ptr(), w.ctypes.data, Q4_1, w.shape[1], None, y_lib.data_ptr(), n, rows, n, k,
+                             0, threads)
 
     def interleaved():
         for p in packed:
-            exp.linear_interleaved(x.data_ptr(), p.ctypes.data, y_exp.data_ptr(), n, k, threads)
+            exp.linear_interleaved(x.data_ptr(), rows, p.ctypes.data, y_exp.data_ptr(), n, k, threads)
 
     library(), interleaved()
     best = {"library": float("inf"), "interleaved": float("inf")}
@@ -65,7 +65,7 @@ def compare(ours: ctypes.CDLL, exp: ctypes.CDLL, n: int, k: int, threads: int) -
             started = time.perf_counter()
             fn()
             best[name] = min(best[name], time.perf_counter() - started)
-    return (f"{n}x{k}: bits equal {torch.equal(y_lib, y_exp)}; library {best['library'] * 1e3:.3f} ms, "
+    return (f"{rows} row(s), {n}x{k}: bits equal {torch.equal(y_lib, y_exp)}; library {best['library'] * 1e3:.3f} ms, "
             f"interleaved {best['interleaved'] * 1e3:.3f} ms, {best['library'] / best['interleaved']:.2f}x "
             f"({WEIGHTS_PER_SHAPE} matrices, {threads} threads)")
 
@@ -77,8 +77,9 @@ def main() -> None:
     ours = load_library()
     with tempfile.TemporaryDirectory() as tmp:
         exp = compile_experiment(tmp)
-        for n, k in SHAPES:
-            print(compare(ours, exp, n, k, args.threads))
+        for rows in range(1, 5):
+            for n, k in SHAPES:
+                print(compare(ours, exp, rows, n, k, args.threads))
 
 
 if __name__ == "__main__":
