@@ -2,7 +2,10 @@
 fused path), the LM head, the normaliser/top-k and greedy choice (outputs), and the rest
 (scheduler, sequences, Python between steps). Run on a quiet machine:
 
-    python bench/decode_step_profile.py [--model gemma3-270m] [--tokens 128] [--top-logprobs 5]
+    python bench/decode_step_profile.py [--model gemma3-270m] [--tokens 128] [--top-logprobs 5] [--streams 16]
+
+With --streams N, N requests decode together (the first steps, which prefill them, are not
+counted).
 """
 
 import argparse
@@ -31,6 +34,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--top-logprobs", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--streams", type=int, default=1)
     args = parser.parse_args()
     engine = in_process.load_engine(args.model, prefix_cache=False)
     model, spent = engine.model, defaultdict(float)
@@ -42,8 +46,10 @@ def main() -> None:
     rows = []
     for r in range(args.repeats):
         spent.clear()
-        engine.add_request(f"p{r}", ids, params)
-        engine.step()  # the prefill and the first token
+        for s in range(args.streams):
+            engine.add_request(f"p{r}-{s}", ids, params)
+        for _ in range(args.streams):  # the prefills and the first tokens
+            engine.step()
         spent.clear()
         started = time.perf_counter()
         steps = 0

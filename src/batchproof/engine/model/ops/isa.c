@@ -25,15 +25,20 @@ static int isa_cap = BP_ISA_AVX512; /* lowered by tests, to run the AVX2 and por
 
 static int detected_level = -1; /* the CPU's, found once (the matmuls ask per call) */
 
-/* 2: AVX-512 (the AVX2 code, with 32 vector registers for the matmul tile), 1: AVX2 + FMA
- * + F16C, 0: portable. Every level gives the same bits; only the speed differs. */
+/* 2: AVX-512 F, VL, DQ and BW (16-lane registers holding two 8-lane sums where that pays, the
+ * AVX2 code with 32 registers elsewhere), 1: AVX2 + FMA + F16C, 0: portable. Every level
+ * gives the same bits; only the speed differs. */
 int bp_isa_level(void) {
     if (detected_level < 0) {
         int level = BP_ISA_PORTABLE;
 #ifdef BP_X86
         __builtin_cpu_init();
-        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) level = BP_ISA_AVX512;
-        else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+        const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                         __builtin_cpu_supports("f16c");
+        if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+            __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw"))
+            level = BP_ISA_AVX512;
+        else if (avx2)
             level = BP_ISA_AVX2;
 #endif
         detected_level = level; /* threads racing here all write the same value */

@@ -24,7 +24,7 @@
 
 #define BP_ISA_PORTABLE 0
 #define BP_ISA_AVX2 1   /* AVX2 + FMA + F16C */
-#define BP_ISA_AVX512 2 /* AVX512F + VL: the AVX2 code, with 32 vector registers */
+#define BP_ISA_AVX512 2 /* AVX2's, and AVX512F + VL + DQ + BW: two 8-lane sums a register */
 
 /* The level in use: the CPU's, at most the cap (tests lower it to run every path here). */
 int bp_isa_level(void);

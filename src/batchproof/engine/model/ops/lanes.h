@@ -71,13 +71,37 @@ BP_INTERNAL __attribute__((target("avx2,fma"))) float bp_dot8_avx2(const float *
  * each output is still its own sum in its own order. */
 #define NT_BATCH 3
 
-static inline int bp_tile_width(int64_t M) { return M <= 2 ? NT : NT_BATCH; }
+/* AVX-512's tile holds two rows of x a register: 4 x 4 outputs take 8 accumulators. */
+static inline int bp_tile_width(int64_t M) { return M <= 2 || bp_isa_level() >= BP_ISA_AVX512 ? NT : NT_BATCH; }
 
 typedef void (*tile_fn)(const float *, const float *, float *, int64_t, int64_t, int, int, const float *);
 
 /* The tile of the instruction set in use (AVX-512, AVX2 or portable C): each adds the
  * same terms in the same order, so all give the same bits. */
 BP_INTERNAL tile_fn bp_pick_tile(void);
+
+/* ---------------- AVX-512: rows of x two a register (matmul.c) ----------------
+ *
+ * With many rows of x (a batch's decode step, a prompt) x is packed once per matmul, rows 2p
+ * and 2p + 1 side by side by 8 (bp_pack_pairs), so that one 16-lane load holds two rows'
+ * chunk; a tile of PT_ROWS rows against NT weight rows then keeps 16 accumulators of two
+ * outputs each, with one load per pair and one broadcast per weight row per 8 k (where the
+ * 8-lane tile took a load per row and per weight row for half as many FMAs). Each half is
+ * still one output's 8-lane sum in the one order: the same bits. */
+#define PT_ROWS 8
+
+/* Floats of one packed pair: K rounded up to 8, twice. */
+static inline int64_t bp_pair_stride(int64_t K) { return (K + 7) / 8 * 16; }
+
+/* x [M, K] -> (M + 1) / 2 pairs of bp_pair_stride(K) floats: pair p's chunk c holds row 2p's
+ * x[8c..8c+7], then row 2p + 1's; zeros past K (as the 8-lane tail's masked loads read) and
+ * for the missing row of an odd M. The caller frees it. */
+BP_INTERNAL float *bp_pack_pairs(const float *x, int64_t M, int64_t K);
+
+/* sums[i * NT + j] = row i of the mt (<= PT_ROWS) rows whose pairs start at xp against weight
+ * row j of nt (<= NT), rows K apart; NULL below AVX-512. */
+typedef void (*pair_tile_fn)(const float *xp, const float *w, float *sums, int64_t K, int mt, int nt);
+BP_INTERNAL pair_tile_fn bp_pick_pair_tile(void);
 
 /* sums[i * lds + j] (+ b[n + j]) into y[(m + i) * ldy + n + j], added to what is there with
  * accumulate (the residual add: one rounding per add, as torch's `y + linear(x)`). */

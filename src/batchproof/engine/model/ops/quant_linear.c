@@ -65,6 +65,10 @@ static void linear_q_buffered(dequant_fn dequant, const float *x, const uint8_t 
                               float *y, int64_t ldy, int64_t M, int64_t N, int64_t K, int accumulate,
                               int num_threads) {
     tile_fn tile = bp_pick_tile();
+    /* AVX-512: rows of x two a register, packed once here (lanes.h) */
+    pair_tile_fn pair_tile = M >= 2 ? bp_pick_pair_tile() : NULL;
+    float *xp = pair_tile ? bp_pack_pairs(x, M, K) : NULL;
+    const int64_t rows = pair_tile ? PT_ROWS : MT, pair_stride = bp_pair_stride(K);
     const int width = bp_tile_width(M);
     const int64_t num_tiles = (N + width - 1) / width, tile_bytes = (int64_t)NT * K * 4;
     const int64_t most = GROUP_BYTES / tile_bytes > 1 ? GROUP_BYTES / tile_bytes : 1; /* tiles a group may hold */
@@ -75,7 +79,7 @@ static void linear_q_buffered(dequant_fn dequant, const float *x, const uint8_t 
 #pragma omp parallel num_threads(num_threads)
     {
         float *buf = aligned_alloc(64, (size_t)((group * tile_bytes + 63) / 64 * 64));
-        float sums[MT * NT];
+        float sums[PT_ROWS * NT];
         /* Threads split outputs, never K: each output is summed by exactly one thread. */
 #pragma omp for schedule(static)
         for (int64_t gi = 0; gi < num_groups; gi++) {
@@ -86,19 +90,21 @@ static void linear_q_buffered(dequant_fn dequant, const float *x, const uint8_t 
                 const int nt = (int)(N - n < width ? N - n : width);
                 for (int j = 0; j < nt; j++) dequant(w + (n + j) * row_bytes, K, buf + ((t - t0) * NT + j) * K);
             }
-            for (int64_t m = 0; m < M; m += MT) {
-                const int mt = (int)(M - m < MT ? M - m : MT);
+            for (int64_t m = 0; m < M; m += rows) {
+                const int mt = (int)(M - m < rows ? M - m : rows);
                 for (int64_t t = t0; t < t1; t++) {
                     const int64_t n = t * width;
                     const int nt = (int)(N - n < width ? N - n : width);
                     const float *wt = buf + (t - t0) * NT * K;
-                    tile(x + m * K, wt, sums, K, NT, mt, nt, wt);
+                    if (pair_tile) pair_tile(xp + m / 2 * pair_stride, wt, sums, K, mt, nt);
+                    else tile(x + m * K, wt, sums, K, NT, mt, nt, wt);
                     bp_store_tile(sums, NT, b, y, m, n, mt, nt, ldy, accumulate);
                 }
             }
         }
         free(buf);
     }
+    free(xp);
 }
 
 /* y[:, 0:N] = x @ w^T (+ b), or += with accumulate; y's rows are ldy floats apart, so
