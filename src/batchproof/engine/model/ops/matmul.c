@@ -192,8 +192,8 @@ static void tile_avx512(const float *x, const float *w, float *y, int64_t K, int
 #ifdef BP_X86
 /* PT_ROWS rows of x (packed in pairs) against nt weight rows: lanes.h. */
 static inline __attribute__((always_inline, target("avx2,fma,avx512f,avx512vl,avx512dq")))
-void pair_tile_body(const float *xp, const float *w, float *sums, int64_t K, const int mt, const int nt) {
-    const int pairs = (mt + 1) / 2;
+void pair_tile_body(const float *xp, const float *w, float *sums, int64_t K, const int pairs, const int mt,
+                    const int nt) {
     const int64_t stride = bp_pair_stride(K);
     __m512 acc[PT_ROWS / 2][NT];
     for (int p = 0; p < pairs; p++)
@@ -226,8 +226,16 @@ void pair_tile_body(const float *xp, const float *w, float *sums, int64_t K, con
 
 __attribute__((target("avx2,fma,avx512f,avx512vl,avx512dq")))
 static void pair_tile_avx512(const float *xp, const float *w, float *sums, int64_t K, int mt, int nt) {
-    if (mt == PT_ROWS && nt == NT) pair_tile_body(xp, w, sums, K, PT_ROWS, NT);
-    else pair_tile_body(xp, w, sums, K, mt, nt);
+    /* a constant count of pairs and outputs keeps the accumulators in registers */
+    if (nt == NT) {
+        switch ((mt + 1) / 2) {
+        case 4: pair_tile_body(xp, w, sums, K, 4, mt, NT); return;
+        case 3: pair_tile_body(xp, w, sums, K, 3, mt, NT); return;
+        case 2: pair_tile_body(xp, w, sums, K, 2, mt, NT); return;
+        case 1: pair_tile_body(xp, w, sums, K, 1, mt, NT); return;
+        }
+    }
+    pair_tile_body(xp, w, sums, K, (mt + 1) / 2, mt, nt);
 }
 #endif
 

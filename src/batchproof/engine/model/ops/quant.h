@@ -73,4 +73,25 @@ typedef void (*qtile_fn)(const float *x, const uint8_t *w, int64_t row_bytes, fl
 /* The tile for a weight of this type on the instruction set in use, or NULL: the portable
  * build, and types with nothing to unpack (F16, BF16, F32), go through the buffer. */
 BP_INTERNAL qtile_fn bp_pick_qtile(int type);
+
+/* ---- AVX-512, a batch's decode step (FUSED_ROWS < M <= xp_max_rows): x packed in pairs ----
+ *
+ * With 32 registers, XP_ROWS rows of x (4 pairs, bp_pack_pairs) against XP_WIDTH weight rows
+ * keep 16 accumulators, so each block is unpacked in registers once for 8 rows, where the
+ * buffer stores and reloads every weight. Up to 8 rows that wins for every type (Zen 5: 1.1-1.3x
+ * on the default model's and Gemma 3's matmuls, 2.4x on Q6_K); at 16 (two passes, two
+ * unpackings) only where the buffer's unpacking is dear: Q8_0 (Gemma 3's 262,144-row LM head
+ * 1.3x) and Q6_K (1.6x), while Q4_1, Q5_0 and Q4_K ran 0.87-0.96x. (8 pairs x 2 weight rows
+ * read x from L2 twice as often and ran ~20% slower.) */
+#define XP_ROWS 8
+#define XP_WIDTH 4
+static inline int xp_max_rows(int type) { return type == T_Q8_0 || type == T_Q6_K ? 16 : 8; }
+
+/* sums[i * QW + j] = row i of the mt rows whose pairs start at xp (pairs `stride` floats
+ * apart) against weight row j of nt, row_bytes apart; prefetch: the next tile's bytes. */
+typedef void (*xtile_fn)(const float *xp, int64_t stride, const uint8_t *w, int64_t row_bytes, float *sums,
+                         int64_t K, int mt, int nt, const uint8_t *prefetch);
+
+/* The 16-row tile for this type, or NULL (below AVX-512, and for F16, BF16, F32). */
+BP_INTERNAL xtile_fn bp_pick_xtile(int type);
 #endif

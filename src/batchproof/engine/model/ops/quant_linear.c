@@ -51,6 +51,28 @@ static void linear_q_fused(qtile_fn tile, const float *x, const uint8_t *w, int 
     free(packed);
 }
 
+/* y[:, 0:N] (+)= x @ w^T (+ b) for a few more rows than FUSED_ROWS, by `tile` (bp_pick_xtile's):
+ * x packed in pairs once, each weight tile unpacked once per XP_ROWS rows. */
+static void linear_q_xpairs(xtile_fn tile, const float *x, const uint8_t *w, int64_t row_bytes, const float *b,
+                            float *y, int64_t ldy, int64_t M, int64_t N, int64_t K, int accumulate, int num_threads) {
+    float *xp = bp_pack_pairs(x, M, K);
+    const int64_t stride = bp_pair_stride(K), num_tiles = (N + XP_WIDTH - 1) / XP_WIDTH;
+    /* Threads split outputs, never K: each output is summed by exactly one thread. */
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t t = 0; t < num_tiles; t++) {
+        const int64_t n = t * XP_WIDTH;
+        const int nt = (int)(N - n < XP_WIDTH ? N - n : XP_WIDTH);
+        const int64_t next = n + XP_WIDTH < N ? n + XP_WIDTH : n;
+        float sums[XP_ROWS * QW];
+        for (int64_t m = 0; m < M; m += XP_ROWS) {
+            const int mt = (int)(M - m < XP_ROWS ? M - m : XP_ROWS);
+            tile(xp + m / 2 * stride, stride, w + n * row_bytes, row_bytes, sums, K, mt, nt, w + next * row_bytes);
+            bp_store_tile(sums, QW, b, y, m, n, mt, nt, ldy, accumulate);
+        }
+    }
+    free(xp);
+}
+
 /* Dequantized weights a thread keeps for one pass over x: a group of weight tiles, sized to
  * sit in L2 beside the rows of x it meets. A prefill's x (677 rows x 576 floats: 1.5 MB) does
  * not fit in L2, so each pass over it streams from L3; a group of tiles per pass instead of
@@ -114,8 +136,11 @@ void bp_linear_q(const float *x, const uint8_t *w, int type, int64_t row_bytes, 
     const block_type *t = bp_block_type(type);
     if (!t) return; /* not a type we run */
     qtile_fn fused_tile = M <= FUSED_ROWS ? bp_pick_qtile(type) : NULL;
+    xtile_fn pairs_tile = M > FUSED_ROWS && M <= xp_max_rows(type) ? bp_pick_xtile(type) : NULL;
     if (fused_tile)
         linear_q_fused(fused_tile, x, w, type, row_bytes, b, y, ldy, M, N, K, accumulate, num_threads);
+    else if (pairs_tile)
+        linear_q_xpairs(pairs_tile, x, w, row_bytes, b, y, ldy, M, N, K, accumulate, num_threads);
     else
         linear_q_buffered(t->dequant, x, w, row_bytes, b, y, ldy, M, N, K, accumulate, num_threads);
 }

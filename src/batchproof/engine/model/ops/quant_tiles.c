@@ -339,6 +339,66 @@ ZINLINE void qtile_pairs(const float *x, const uint8_t *w, int64_t row_bytes, co
     }
 }
 
+/* Up to XP_ROWS rows of x, packed in pairs (lanes.h), against nt <= XP_WIDTH weight rows:
+ * each row's chunk of 8 weights (chunk_weights: the same floats) in both halves of a register,
+ * one FMA per pair of rows of x. quant.h says why. */
+ZINLINE void qtile_xpairs(const float *xp, int64_t stride, const uint8_t *w, int64_t row_bytes, const int type,
+                          float *sums, int64_t K, const int pairs, const int mt, const int nt,
+                          const uint8_t *prefetch) {
+    __m512 acc[XP_ROWS / 2][XP_WIDTH];
+    float kscale[XP_WIDTH][16];
+    for (int p = 0; p < pairs; p++)
+        for (int j = 0; j < nt; j++) acc[p][j] = _mm512_setzero_ps();
+    const int bytes = tile_block_bytes(type), groups = is_k_quant(type) ? 8 : 1;
+    for (int64_t b = 0; b < K / 32; b++) {
+        const int g = (int)(b % groups);
+        const uint8_t *blocks = w + b / groups * bytes;
+        if (groups > 1 && g == 0)
+            for (int j = 0; j < nt; j++) k_scales(blocks + j * row_bytes, type, kscale[j]);
+        __m256 d[XP_WIDTH], m[XP_WIDTH];
+        __m128i lo[XP_WIDTH], hi[XP_WIDTH];
+        for (int j = 0; j < nt; j++) {
+            const uint8_t *blk = blocks + j * row_bytes;
+            _mm_prefetch((const char *)(prefetch + (b * nt + j) * 64), _MM_HINT_T0);
+            group_scales(blk, type, g, kscale[j], &d[j], &m[j]);
+            group_q(blk, type, g, &lo[j], &hi[j]);
+        }
+        _Pragma("GCC unroll 4")
+        for (int c = 0; c < 4; c++) {
+            __m512 wz[XP_WIDTH];
+            for (int j = 0; j < nt; j++) {
+                const __m256 wc = chunk_weights(blocks + j * row_bytes, type, c, d[j], m[j], lo[j], hi[j]);
+                wz[j] = pair_ps(wc, wc);
+            }
+            const float *xc = xp + 2 * (32 * b + 8 * c);
+            for (int p = 0; p < pairs; p++) {
+                const __m512 xv = _mm512_loadu_ps(xc + p * stride);
+                for (int j = 0; j < nt; j++) acc[p][j] = _mm512_fmadd_ps(xv, wz[j], acc[p][j]);
+            }
+        }
+    }
+    for (int p = 0; p < pairs; p++)
+        for (int j = 0; j < nt; j++) {
+            sums[2 * p * QW + j] = hsum_avx2(_mm512_castps512_ps256(acc[p][j]));
+            if (2 * p + 1 < mt) sums[(2 * p + 1) * QW + j] = hsum_avx2(_mm512_extractf32x8_ps(acc[p][j], 1));
+        }
+}
+
+#define XTILE_FN(NAME, TYPE)                                                                                   \
+    __attribute__((target(ZTARGET))) static void NAME(const float *xp, int64_t stride, const uint8_t *w,        \
+                                                      int64_t row_bytes, float *sums, int64_t K, int mt, int nt, \
+                                                      const uint8_t *prefetch) {                                \
+        if (nt == XP_WIDTH) { /* constant pairs and width: the accumulators stay in registers */            \
+            switch ((mt + 1) / 2) {                                                                             \
+            case 4: qtile_xpairs(xp, stride, w, row_bytes, TYPE, sums, K, 4, mt, XP_WIDTH, prefetch); return;   \
+            case 3: qtile_xpairs(xp, stride, w, row_bytes, TYPE, sums, K, 3, mt, XP_WIDTH, prefetch); return;   \
+            case 2: qtile_xpairs(xp, stride, w, row_bytes, TYPE, sums, K, 2, mt, XP_WIDTH, prefetch); return;   \
+            case 1: qtile_xpairs(xp, stride, w, row_bytes, TYPE, sums, K, 1, mt, XP_WIDTH, prefetch); return;   \
+            }                                                                                                   \
+        }                                                                                                       \
+        qtile_xpairs(xp, stride, w, row_bytes, TYPE, sums, K, (mt + 1) / 2, mt, nt, prefetch);                  \
+    }
+
 /* One function per type and instruction set, picked once per matmul (bp_pick_qtile). */
 #define QTILE_FN(NAME, TARGET, TYPE)                                                                      \
     __attribute__((target(TARGET))) static void NAME(const float *x, const uint8_t *w, int64_t row_bytes, \
@@ -360,7 +420,8 @@ ZINLINE void qtile_pairs(const float *x, const uint8_t *w, int64_t row_bytes, co
     }
 #define QTILE_FNS(TYPE, AVX2_NAME, AVX512_NAME) \
     QTILE_FN(AVX2_NAME, "avx2,fma", TYPE)       \
-    QTILE_FN_AVX512(AVX512_NAME, TYPE)
+    QTILE_FN_AVX512(AVX512_NAME, TYPE)          \
+    XTILE_FN(AVX512_NAME##_x, TYPE)
 
 QTILE_FNS(T_Q4_0, q4_0_avx2, q4_0_avx512)
 QTILE_FNS(T_Q4_1, q4_1_avx2, q4_1_avx512)
@@ -383,5 +444,19 @@ qtile_fn bp_pick_qtile(int type) {
     case T_Q5_K: return BP_PICK(q5_k_avx512, q5_k_avx2, NULL);
     case T_Q6_K: return BP_PICK(q6_k_avx512, q6_k_avx2, NULL);
     default: return NULL; /* F16, BF16, F32: the buffer (their weights need no unpacking) */
+    }
+}
+
+xtile_fn bp_pick_xtile(int type) {
+    switch (type) {
+    case T_Q4_0: return BP_PICK(q4_0_avx512_x, NULL, NULL);
+    case T_Q4_1: return BP_PICK(q4_1_avx512_x, NULL, NULL);
+    case T_Q5_0: return BP_PICK(q5_0_avx512_x, NULL, NULL);
+    case T_Q5_1: return BP_PICK(q5_1_avx512_x, NULL, NULL);
+    case T_Q8_0: return BP_PICK(q8_0_avx512_x, NULL, NULL);
+    case T_Q4_K: return BP_PICK(q4_k_avx512_x, NULL, NULL);
+    case T_Q5_K: return BP_PICK(q5_k_avx512_x, NULL, NULL);
+    case T_Q6_K: return BP_PICK(q6_k_avx512_x, NULL, NULL);
+    default: return NULL;
     }
 }
