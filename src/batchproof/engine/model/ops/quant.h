@@ -74,6 +74,10 @@ typedef void (*qtile_fn)(const float *x, const uint8_t *w, int64_t row_bytes, fl
  * build, and types with nothing to unpack (F16, BF16, F32), go through the buffer. */
 BP_INTERNAL qtile_fn bp_pick_qtile(int type);
 
+/* A row of this type's weights unpacked as the register path unpacks them (the same floats as
+ * the type's dequant, vectorized), or NULL: the type's dequant then fills the buffer. */
+BP_INTERNAL dequant_fn bp_pick_unpack_row(int type);
+
 /* ---- AVX-512, a batch's decode step (FUSED_ROWS < M <= xp_max_rows): x packed in pairs ----
  *
  * With 32 registers, XP_ROWS rows of x (4 pairs, bp_pack_pairs) against XP_WIDTH weight rows

@@ -141,6 +141,8 @@ void bp_linear_q(const float *x, const uint8_t *w, int type, int64_t row_bytes, 
         linear_q_fused(fused_tile, x, w, type, row_bytes, b, y, ldy, M, N, K, accumulate, num_threads);
     else if (pairs_tile)
         linear_q_xpairs(pairs_tile, x, w, row_bytes, b, y, ldy, M, N, K, accumulate, num_threads);
-    else
-        linear_q_buffered(t->dequant, x, w, row_bytes, b, y, ldy, M, N, K, accumulate, num_threads);
+    else {
+        const dequant_fn unpack = bp_pick_unpack_row(type); /* vectorized where the type's own loop is not */
+        linear_q_buffered(unpack ? unpack : t->dequant, x, w, row_bytes, b, y, ldy, M, N, K, accumulate, num_threads);
+    }
 }

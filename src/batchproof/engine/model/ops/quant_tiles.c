@@ -238,6 +238,37 @@ QTILE_BODY(qtile_wide, FUSED_ROWS, 2) /* three or four */
     else if (mt == 4 && nt == 2) qtile_wide(x, w, row_bytes, TYPE, sums, K, 4, 2, prefetch);       \
     else qtile_wide(x, w, row_bytes, TYPE, sums, K, mt, nt, prefetch)
 
+/* One row of K weights into floats for the buffer (quant_linear.c), by the unpacking above:
+ * each weight the float chunk_weights computes, which is quant_dequant.c's (the top of the
+ * file), 8 at a time. The K-quants' scalar unpacking took 2.4x the register tile's time in
+ * Gemma 3's Q6_K matmuls at 8 rows. */
+INLINE void unpack_row(const uint8_t *w, const int type, int64_t K, float *dst) {
+    float kscale[16];
+    const int bytes = tile_block_bytes(type), groups = is_k_quant(type) ? 8 : 1;
+    for (int64_t b = 0; b < K / 32; b++) {
+        const int g = (int)(b % groups);
+        const uint8_t *blk = w + b / groups * bytes;
+        if (groups > 1 && g == 0) k_scales(blk, type, kscale);
+        __m256 d, m;
+        __m128i lo, hi;
+        group_scales(blk, type, g, kscale, &d, &m);
+        group_q(blk, type, g, &lo, &hi);
+        _Pragma("GCC unroll 4")
+        for (int c = 0; c < 4; c++) _mm256_storeu_ps(dst + 32 * b + 8 * c, chunk_weights(blk, type, c, d, m, lo, hi));
+    }
+}
+
+#define UNPACK_ROW_FN(NAME, TYPE)                                                                   \
+    __attribute__((target("avx2,fma"))) static void NAME(const uint8_t *restrict src, int64_t K,    \
+                                                         float *restrict dst) {                     \
+        unpack_row(src, TYPE, K, dst);                                                              \
+    }
+UNPACK_ROW_FN(unpack_q5_0, T_Q5_0)
+UNPACK_ROW_FN(unpack_q5_1, T_Q5_1)
+UNPACK_ROW_FN(unpack_q4_k, T_Q4_K)
+UNPACK_ROW_FN(unpack_q5_k, T_Q5_K)
+UNPACK_ROW_FN(unpack_q6_k, T_Q6_K)
+
 /* ---- AVX-512, one row of x: two weight rows a register ----
  *
  * One row of x against a full tile of QW weight rows: rows 2p and 2p + 1 share a 16-lane
@@ -444,6 +475,17 @@ qtile_fn bp_pick_qtile(int type) {
     case T_Q5_K: return BP_PICK(q5_k_avx512, q5_k_avx2, NULL);
     case T_Q6_K: return BP_PICK(q6_k_avx512, q6_k_avx2, NULL);
     default: return NULL; /* F16, BF16, F32: the buffer (their weights need no unpacking) */
+    }
+}
+
+dequant_fn bp_pick_unpack_row(int type) {
+    switch (type) { /* Q4_0, Q4_1, Q8_0: quant_dequant.c's own AVX2 loops */
+    case T_Q5_0: return BP_PICK(unpack_q5_0, unpack_q5_0, NULL);
+    case T_Q5_1: return BP_PICK(unpack_q5_1, unpack_q5_1, NULL);
+    case T_Q4_K: return BP_PICK(unpack_q4_k, unpack_q4_k, NULL);
+    case T_Q5_K: return BP_PICK(unpack_q5_k, unpack_q5_k, NULL);
+    case T_Q6_K: return BP_PICK(unpack_q6_k, unpack_q6_k, NULL);
+    default: return NULL;
     }
 }
 
