@@ -180,6 +180,9 @@ def test_top_k_logprobs(level, vocab, k):
     logits[4, vocab // 2] = float("inf")
     logits[5, ::2] = 1e30  # ties far from zero
     logits[6] = -0.0
+    logits[7] = -1.0  # the maximum is zero twice: -0 first, so the row's max is -0
+    logits[7, vocab // 3] = -0.0
+    logits[7, vocab - 1] = 0.0
     assert_same_bits(level, lambda: kernels.top_k_logprobs(logits, k))
 
 

@@ -124,3 +124,41 @@ def test_gated_rows_split_between_threads(isa):
         assert torch.equal(together, kernel(gate_up, 1))
         for row in (0, 150, 151, 300):
             assert torch.equal(kernel(gate_up[row:row + 1], 1)[0], together[row])
+
+
+def first_max_reference(row: list[float]) -> int:
+    """The first entry that beats every earlier one (NaN never, -inf never): -1 if none."""
+    best, at = float("-inf"), -1
+    for j, v in enumerate(row):
+        if v > best:
+            best, at = v, j
+    return at
+
+
+def test_first_max_is_the_first_maximum_at_every_position(isa):
+    """Long rows, so the vector passes run (not only their scalar tails): the maximum in every
+    lane and at the tail, ties (the first wins), +0 before -0 and -0 before +0, NaN beside the
+    maximum, +inf, rows of only -inf and NaN (-1)."""
+    gen = torch.Generator().manual_seed(7)
+    rows = []
+    for length in (1, 7, 8, 9, 31, 32, 33, 1000, 1031):
+        for at in sorted({0, 1, 7, 8, 31, length // 2, length - 2, length - 1}):
+            if not 0 <= at < length:
+                continue
+            row = torch.randn(length, generator=gen) - 10
+            row[at] = 5.0
+            rows.append(row.clone())
+            row[length - 1] = 5.0  # a tie: the first still wins
+            rows.append(row.clone())
+            row[:] = torch.where(torch.arange(length) % 3 == 0, float("nan"), -1.0)
+            row[at] = 0.0
+            row[-1 if at != length - 1 else 0] = -0.0  # +0 and -0 compare equal: the first wins
+            rows.append(row.clone())
+            row[at] = -0.0
+            rows.append(row.clone())
+            row[at] = float("inf")
+            rows.append(row.clone())
+        rows.append(torch.full((length,), float("-inf")))
+        rows.append(torch.where(torch.arange(length) % 2 == 0, float("nan"), float("-inf")))
+    for row in rows:
+        assert int(kernels.first_max(row[None])[0]) == first_max_reference(row.tolist()), row
