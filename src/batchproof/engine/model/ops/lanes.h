@@ -71,7 +71,7 @@ BP_INTERNAL __attribute__((target("avx2,fma"))) float bp_dot8_avx2(const float *
  * each output is still its own sum in its own order. */
 #define NT_BATCH 3
 
-/* AVX-512's tile holds two rows of x a register: 4 x 4 outputs take 8 accumulators. */
+/* AVX-512 runs two or more rows through the pair tile below, 4 outputs a tile. */
 static inline int bp_tile_width(int64_t M) { return M <= 2 || bp_isa_level() >= BP_ISA_AVX512 ? NT : NT_BATCH; }
 
 typedef void (*tile_fn)(const float *, const float *, float *, int64_t, int64_t, int, int, const float *);
@@ -99,8 +99,10 @@ static inline int64_t bp_pair_stride(int64_t K) { return (K + 7) / 8 * 16; }
 BP_INTERNAL float *bp_pack_pairs(const float *x, int64_t M, int64_t K);
 
 /* sums[i * NT + j] = row i of the mt (<= PT_ROWS) rows whose pairs start at xp against weight
- * row j of nt (<= NT), rows K apart; NULL below AVX-512. */
-typedef void (*pair_tile_fn)(const float *xp, const float *w, float *sums, int64_t K, int mt, int nt);
+ * row j of nt (<= NT), rows K apart; next_w: weights to prefetch (as tile_fn's); NULL below
+ * AVX-512. */
+typedef void (*pair_tile_fn)(const float *xp, const float *w, float *sums, int64_t K, int mt, int nt,
+                             const float *next_w);
 BP_INTERNAL pair_tile_fn bp_pick_pair_tile(void);
 
 /* sums[i * lds + j] (+ b[n + j]) into y[(m + i) * ldy + n + j], added to what is there with

@@ -112,20 +112,22 @@ static void tile_avx2(const float *x, const float *w, float *y, int64_t K, int64
     TILE_YMM_DISPATCH;
 }
 
-/* AVX-512: two rows of x in one 16-lane register, rows i and i + 1 in its two halves, against
- * each weight row's 8 floats broadcast to both halves. Each half is still one output's 8-lane
- * accumulator walking K in order (16 lanes of one output would sum other terms together), so
- * every output is tile_ymm_body's sum, bit for bit; a CPU with 512-bit FMA units does two
- * outputs' FMAs in one instruction (Zen 5: a 16-row matmul ran ~1.6x faster than the 8-lane
- * code). Odd mt: the last register's upper half repeats the last row, and is dropped. */
-#define ZT_PAIRS (MT / 2)
+/* AVX-512 hosts take one row of x through the same 8-lane code, with 32 registers; two or
+ * more rows go through the tile of rows packed in pairs below (lanes.h). */
+__attribute__((target("avx2,fma,avx512f,avx512vl")))
+static void tile_avx512(const float *x, const float *w, float *y, int64_t K, int64_t N, int mt, int nt,
+                        const float *next_w) {
+    TILE_YMM_DISPATCH;
+}
+#endif
+
+#ifdef BP_X86
+/* PT_ROWS rows of x (packed in pairs) against nt weight rows: lanes.h. */
 static inline __attribute__((always_inline, target("avx2,fma,avx512f,avx512vl,avx512dq")))
-void tile_zmm_body(const float *x, const float *w, float *y, int64_t K, int64_t N, const int mt, const int nt,
-                   const float *next_w) {
-    const int pairs = (mt + 1) / 2;
-    const float *hi_row[ZT_PAIRS]; /* the row in each pair's upper half */
-    for (int p = 0; p < pairs; p++) hi_row[p] = x + (2 * p + 1 < mt ? 2 * p + 1 : 2 * p) * K;
-    __m512 acc[ZT_PAIRS][NT];
+void pair_tile_body(const float *xp, const float *w, float *sums, int64_t K, const int pairs, const int mt,
+                    const int nt, const float *next_w) {
+    const int64_t stride = bp_pair_stride(K);
+    __m512 acc[PT_ROWS / 2][NT];
     for (int p = 0; p < pairs; p++)
         for (int j = 0; j < nt; j++) acc[p][j] = _mm512_setzero_ps();
     int64_t k = 0;
@@ -135,73 +137,6 @@ void tile_zmm_body(const float *x, const float *w, float *y, int64_t K, int64_t 
             wv[j] = _mm512_broadcast_f32x8(_mm256_loadu_ps(w + j * K + k));
             _mm_prefetch((const char *)(next_w + j * K + k), _MM_HINT_T1);
         }
-        for (int p = 0; p < pairs; p++) {
-            const __m512 xv = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(x + 2 * p * K + k)),
-                                                 _mm256_loadu_ps(hi_row[p] + k), 1);
-            for (int j = 0; j < nt; j++) acc[p][j] = _mm512_fmadd_ps(xv, wv[j], acc[p][j]);
-        }
-    }
-    if (k < K) { /* zero-padded as tile_ymm_body's masked loads pad it */
-        const __mmask8 mask = (__mmask8)((1u << (K - k)) - 1);
-        __m512 wv[NT];
-        for (int j = 0; j < nt; j++) wv[j] = _mm512_broadcast_f32x8(_mm256_maskz_loadu_ps(mask, w + j * K + k));
-        for (int p = 0; p < pairs; p++) {
-            const __m512 xv = _mm512_insertf32x8(
-                _mm512_castps256_ps512(_mm256_maskz_loadu_ps(mask, x + 2 * p * K + k)),
-                _mm256_maskz_loadu_ps(mask, hi_row[p] + k), 1);
-            for (int j = 0; j < nt; j++) acc[p][j] = _mm512_fmadd_ps(xv, wv[j], acc[p][j]);
-        }
-    }
-    for (int j = 0; j < nt; j++) { /* the halves are the 8-lane accumulators: sum8's trees */
-        __m256 half[2 * ZT_PAIRS];
-        for (int p = 0; p < pairs; p++) {
-            half[2 * p] = _mm512_castps512_ps256(acc[p][j]);
-            half[2 * p + 1] = _mm512_extractf32x8_ps(acc[p][j], 1);
-        }
-        if (mt == 4) {
-            float col[4];
-            _mm_storeu_ps(col, hsum4_avx2(half[0], half[1], half[2], half[3]));
-            for (int i = 0; i < 4; i++) y[i * N + j] = col[i];
-        } else {
-            for (int i = 0; i < mt; i++) y[i * N + j] = hsum_avx2(half[i]);
-        }
-    }
-}
-
-/* Full tiles inlined with constant shapes (accumulators in registers), as TILE_YMM_DISPATCH.
- * One row of x has nothing to pair: the 8-lane body. */
-__attribute__((target("avx2,fma,avx512f,avx512vl,avx512dq")))
-static void tile_avx512(const float *x, const float *w, float *y, int64_t K, int64_t N, int mt, int nt,
-                        const float *next_w) {
-    if (mt == 1) {
-        if (nt == NT) tile_ymm_body(x, w, y, K, N, 1, NT, next_w);
-        else tile_ymm_body(x, w, y, K, N, 1, nt, next_w);
-        return;
-    }
-    if (nt == NT) {
-        switch (mt) {
-        case 4: tile_zmm_body(x, w, y, K, N, 4, NT, next_w); return;
-        case 3: tile_zmm_body(x, w, y, K, N, 3, NT, next_w); return;
-        case 2: tile_zmm_body(x, w, y, K, N, 2, NT, next_w); return;
-        }
-    }
-    tile_zmm_body(x, w, y, K, N, mt, nt, next_w);
-}
-#endif
-
-#ifdef BP_X86
-/* PT_ROWS rows of x (packed in pairs) against nt weight rows: lanes.h. */
-static inline __attribute__((always_inline, target("avx2,fma,avx512f,avx512vl,avx512dq")))
-void pair_tile_body(const float *xp, const float *w, float *sums, int64_t K, const int pairs, const int mt,
-                    const int nt) {
-    const int64_t stride = bp_pair_stride(K);
-    __m512 acc[PT_ROWS / 2][NT];
-    for (int p = 0; p < pairs; p++)
-        for (int j = 0; j < nt; j++) acc[p][j] = _mm512_setzero_ps();
-    int64_t k = 0;
-    for (; k + 8 <= K; k += 8) {
-        __m512 wv[NT];
-        for (int j = 0; j < nt; j++) wv[j] = _mm512_broadcast_f32x8(_mm256_loadu_ps(w + j * K + k));
         for (int p = 0; p < pairs; p++) {
             const __m512 xv = _mm512_loadu_ps(xp + p * stride + 2 * k);
             for (int j = 0; j < nt; j++) acc[p][j] = _mm512_fmadd_ps(xv, wv[j], acc[p][j]);
@@ -225,17 +160,18 @@ void pair_tile_body(const float *xp, const float *w, float *sums, int64_t K, con
 }
 
 __attribute__((target("avx2,fma,avx512f,avx512vl,avx512dq")))
-static void pair_tile_avx512(const float *xp, const float *w, float *sums, int64_t K, int mt, int nt) {
+static void pair_tile_avx512(const float *xp, const float *w, float *sums, int64_t K, int mt, int nt,
+                             const float *next_w) {
     /* a constant count of pairs and outputs keeps the accumulators in registers */
     if (nt == NT) {
         switch ((mt + 1) / 2) {
-        case 4: pair_tile_body(xp, w, sums, K, 4, mt, NT); return;
-        case 3: pair_tile_body(xp, w, sums, K, 3, mt, NT); return;
-        case 2: pair_tile_body(xp, w, sums, K, 2, mt, NT); return;
-        case 1: pair_tile_body(xp, w, sums, K, 1, mt, NT); return;
+        case 4: pair_tile_body(xp, w, sums, K, 4, mt, NT, next_w); return;
+        case 3: pair_tile_body(xp, w, sums, K, 3, mt, NT, next_w); return;
+        case 2: pair_tile_body(xp, w, sums, K, 2, mt, NT, next_w); return;
+        case 1: pair_tile_body(xp, w, sums, K, 1, mt, NT, next_w); return;
         }
     }
-    pair_tile_body(xp, w, sums, K, (mt + 1) / 2, mt, nt);
+    pair_tile_body(xp, w, sums, K, (mt + 1) / 2, mt, nt, next_w);
 }
 #endif
 
@@ -264,6 +200,10 @@ tile_fn bp_pick_tile(void) { return BP_PICK(tile_avx512, tile_avx2, tile_scalar)
 void bp_linear_f32(const float *x, const float *w, const float *b, float *y, int64_t M, int64_t N, int64_t K,
                    int accumulate, int num_threads) {
     tile_fn tile = bp_pick_tile();
+    /* AVX-512: rows of x two a register, packed once here (lanes.h) */
+    pair_tile_fn pair_tile = M >= 2 ? bp_pick_pair_tile() : NULL;
+    float *xp = pair_tile ? bp_pack_pairs(x, M, K) : NULL;
+    const int64_t rows = pair_tile ? PT_ROWS : MT, pair_stride = bp_pair_stride(K);
     const int width = bp_tile_width(M);
     int64_t num_tiles = (N + width - 1) / width;
     /* Threads split outputs, never K: each output is summed by exactly one thread. */
@@ -272,11 +212,14 @@ void bp_linear_f32(const float *x, const float *w, const float *b, float *y, int
         int64_t n = t * width;
         int nt = (int)(N - n < width ? N - n : width);
         const float *next_w = w + (t + 1 < num_tiles ? n + width : n) * K;
-        float sums[MT * NT];
-        for (int64_t m = 0; m < M; m += MT) {
-            int mt = (int)(M - m < MT ? M - m : MT);
-            tile(x + m * K, w + n * K, sums, K, NT, mt, nt, m == 0 ? next_w : w + n * K);
+        float sums[PT_ROWS * NT];
+        for (int64_t m = 0; m < M; m += rows) {
+            int mt = (int)(M - m < rows ? M - m : rows);
+            const float *prefetch = m == 0 ? next_w : w + n * K;
+            if (pair_tile) pair_tile(xp + m / 2 * pair_stride, w + n * K, sums, K, mt, nt, prefetch);
+            else tile(x + m * K, w + n * K, sums, K, NT, mt, nt, prefetch);
             bp_store_tile(sums, NT, b, y, m, n, mt, nt, N, accumulate);
         }
     }
+    free(xp);
 }

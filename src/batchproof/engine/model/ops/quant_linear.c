@@ -118,7 +118,7 @@ static void linear_q_buffered(dequant_fn dequant, const float *x, const uint8_t 
                     const int64_t n = t * width;
                     const int nt = (int)(N - n < width ? N - n : width);
                     const float *wt = buf + (t - t0) * NT * K;
-                    if (pair_tile) pair_tile(xp + m / 2 * pair_stride, wt, sums, K, mt, nt);
+                    if (pair_tile) pair_tile(xp + m / 2 * pair_stride, wt, sums, K, mt, nt, wt);
                     else tile(x + m * K, wt, sums, K, NT, mt, nt, wt);
                     bp_store_tile(sums, NT, b, y, m, n, mt, nt, ldy, accumulate);
                 }
