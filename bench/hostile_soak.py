@@ -1,4 +1,4 @@
-"""Hostile soak: 15 clients measure their per-token latency while a 16th sends maximal requests.
+"""Hostile soak: 15 clients measure their per-token latency while a 16th sends hostile requests.
 
     python bench/hostile_soak.py [--clients 15] [--seconds 60] [--tokens 32]
 
@@ -6,12 +6,19 @@ Starts `batchproof serve` (with --max-logit-bias at the vocabulary's size, so th
 client may bias every token), then runs the same soak twice, interleaved (quiet, hostile,
 quiet, hostile): the measuring clients stream greedy chat replies of --tokens tokens and
 record, per request, (last token's arrival - first token's arrival) / (tokens - 1). The
-hostile client cycles through: a bias on every token of the vocabulary with n = 1 and
-max_tokens 64; the largest body the server reads (refused at once: a prompt that cannot fit);
-a body over --max-request-mb (413 before it is read); and the longest prompt that fits (fresh
-each time, so the prefix cache cannot help). Reported: the measuring clients' median per-token
-latency in each run and the ratio hostile / quiet (the target: at most 1.5), /health's worst
-answer time, and the hostile requests' statuses.
+hostile client cycles through `hostile_requests` (each with the statuses it must get): a bias
+on every token; the largest body the server reads; a body over --max-request-mb; the longest
+prompt that fits; and issue 36's requests, each refused before the work it would cost: a
+40 KB grammar of newlines, an empty grammar, a history call whose arguments nest 100,000 deep,
+140,000 tool messages, 1,500,000 prompts, 20,000 tools under `required`, Responses metadata of
+300,000 keys; then constrained requests (n = 4 under a JSON schema) it hangs up on after 0.5 s.
+Reported: the measuring clients' median per-token latency in each run and the ratio hostile /
+quiet (the target: at most 1.5), /health's worst answer time, and each hostile request's
+statuses and slowest answer (the target: 1 s).
+
+tests/server/test_hostile_soak.py runs one short pass of the same code against a live server
+and asserts what it can without a clock: every hostile request gets its status, the quiet
+clients' replies all complete, and the server ends idle and healthy.
 """
 
 import argparse
@@ -21,22 +28,127 @@ import random
 import statistics
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from batchproof.commands.bench.servers import start_batchproof  # noqa: E402
 from batchproof.common.wire import DONE, SSEReader  # noqa: E402
 
 WORDS = "compiler parser token lattice harbor winter garden signal river market orbit lantern".split()
+HANG_UP_AFTER_S = 0.5  # a constrained request's client leaves while its grammars compile or run
+PET_SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 20}, "kind": {"enum": ["cat", "dog", "fish"]},
+    "age": {"type": "integer", "minimum": 0, "maximum": 30},
+    "tags": {"type": "array", "items": {"type": "string", "maxLength": 10}, "maxItems": 3}},
+    "required": ["name", "kind", "age", "tags"], "additionalProperties": False}
+
+
+@dataclass(frozen=True)
+class Hostile:
+    name: str
+    path: str
+    body: bytes
+    expect: frozenset[int]  # the statuses a well-defended server answers; empty: the client hangs up
+
+
+@dataclass
+class HostileLog:
+    statuses: dict[str, dict[str, int]] = field(default_factory=dict)  # name -> status (or error) -> count
+    slowest_s: dict[str, float] = field(default_factory=dict)
+    unexpected: list[str] = field(default_factory=list)  # "name: status" for each answer outside `expect`
+
+    def note(self, hostile: Hostile, outcome: str, took_s: float) -> None:
+        counts = self.statuses.setdefault(hostile.name, {})
+        counts[outcome] = counts.get(outcome, 0) + 1
+        self.slowest_s[hostile.name] = max(self.slowest_s.get(hostile.name, 0.0), took_s)
+        if hostile.expect and (not outcome.isdigit() or int(outcome) not in hostile.expect):
+            self.unexpected.append(f"{hostile.name}: {outcome}")
+
+
+def _chat(content: str = "hi", **fields) -> dict:
+    return {"messages": [{"role": "user", "content": content}], **fields}
+
+
+def _tool(i: int) -> dict:
+    return {"type": "function", "function": {"name": f"tool_{i}", "description": "a tool",
+                                             "parameters": {"type": "object", "properties": {"x": {"type": "string"}}}}}
+
+
+def issue36_requests() -> list[Hostile]:
+    """Issue 36's table: each must be refused (4xx) before the work it would cost."""
+    bad = frozenset({400, 413, 422})
+    nested_call = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "tool_0", "arguments": "[" * 100_000}}]}
+    tool_flood = [{"role": "user", "content": "go"},
+                  {"role": "assistant", "content": None, "tool_calls": [
+                      {"id": "c1", "type": "function", "function": {"name": "tool_0", "arguments": "{}"}}]}]
+    tool_flood += [{"role": "tool", "tool_call_id": "c1", "content": "result text"}] * 140_000
+    requests = [
+        ("grammar of 20,000 newlines", "/v1/chat/completions",
+         _chat(max_tokens=4, structured_outputs={"grammar": "\n" * 20_000})),
+        ("empty grammar", "/v1/chat/completions", _chat(max_tokens=4, structured_outputs={"grammar": ""})),
+        ("call arguments nested 100,000 deep", "/v1/chat/completions",
+         {"messages": [{"role": "user", "content": "go"}, nested_call,
+                       {"role": "tool", "tool_call_id": "c1", "content": "ok"}], "max_tokens": 4}),
+        ("140,000 tool messages", "/v1/chat/completions", {"messages": tool_flood, "max_tokens": 4}),
+        ("1,500,000 prompts", "/v1/completions", {"prompt": ["a"] * 1_500_000, "max_tokens": 1}),
+        ("20,000 tools, required", "/v1/chat/completions",
+         _chat(max_tokens=4, tools=[_tool(i) for i in range(20_000)], tool_choice="required")),
+        ("metadata of 300,000 keys", "/v1/responses",
+         {"input": "hi", "max_output_tokens": 4, "metadata": {f"k{i}": "v" for i in range(300_000)}}),
+    ]
+    return [Hostile(name, path, json.dumps(body).encode(), bad) for name, path, body in requests]
+
+
+def hostile_requests(vocab: int, context: int, max_request_bytes: int, rng: random.Random) -> list[Hostile]:
+    full_bias = _chat("Tell me everything.", max_tokens=64, ignore_eos=True, temperature=0,
+                      logit_bias={str(i): 0.0 for i in range(vocab)})
+    largest = {"prompt": "x" * (max_request_bytes - 100), "max_tokens": 1}
+    over = b'{"prompt": "' + b"x" * (max_request_bytes + 10) + b'"}'
+    # About 3 tokens per word of 5-6 letters, fresh words each time: no prefix-cache hit.
+    words = " ".join(rng.choice(WORDS) + str(rng.randint(0, 999)) for _ in range(context // 4))
+    longest = {"prompt": words, "max_tokens": 1}
+    constrained = _chat(f"Describe a pet named {rng.choice(WORDS)}.", max_tokens=48, n=4, stream=True,
+                        temperature=1.0, response_format={"type": "json_schema",
+                                                          "json_schema": {"name": "pet", "schema": PET_SCHEMA}})
+    return [Hostile("bias on every token", "/v1/chat/completions", json.dumps(full_bias).encode(), frozenset({200})),
+            Hostile("largest body", "/v1/completions", json.dumps(largest).encode(), frozenset({400})),
+            Hostile("body over the limit", "/v1/completions", over, frozenset({413})),
+            Hostile("longest prompt", "/v1/completions", json.dumps(longest).encode(), frozenset({200})),
+            *issue36_requests(),
+            *[Hostile("constrained, hung up", "/v1/chat/completions", json.dumps(constrained).encode(),
+                      frozenset())] * 3]
+
+
+async def send_hostile(client: httpx.AsyncClient, url: str, hostile: Hostile, log: HostileLog) -> None:
+    started = time.perf_counter()
+    headers = {"content-type": "application/json"}
+    try:
+        if hostile.expect:
+            reply = await client.post(url + hostile.path, content=hostile.body, headers=headers)
+            outcome = str(reply.status_code)
+        else:  # open the stream, read for a moment, hang up
+            async def read_a_little() -> None:
+                async with client.stream("POST", url + hostile.path, content=hostile.body, headers=headers) as r:
+                    async for _ in r.aiter_raw():
+                        pass
+            try:
+                await asyncio.wait_for(read_a_little(), HANG_UP_AFTER_S)
+                outcome = "finished before the hang-up"
+            except asyncio.TimeoutError:
+                outcome = "hung up"
+    except httpx.HTTPError as e:
+        outcome = type(e).__name__
+    log.note(hostile, outcome, time.perf_counter() - started)
 
 
 async def measure_one(client: httpx.AsyncClient, url: str, rng: random.Random, tokens: int) -> float | None:
     """One streamed greedy reply -> its per-token latency (s), or None if it did not finish whole."""
     topic = " ".join(rng.choices(WORDS, k=8))
-    body = {"messages": [{"role": "user", "content": f"Write a story about {topic}"}], "temperature": 0,
-            "max_tokens": tokens, "ignore_eos": True, "stream": True, "logprobs": True}
+    body = _chat(f"Write a story about {topic}", temperature=0, max_tokens=tokens, ignore_eos=True, stream=True,
+                 logprobs=True)
     arrivals: list[float] = []
     async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as reply:
         if reply.status_code != 200:
@@ -57,69 +169,77 @@ async def measure_one(client: httpx.AsyncClient, url: str, rng: random.Random, t
     return (arrivals[-1] - arrivals[0]) / (tokens - 1)
 
 
-async def measuring_client(url: str, seed: int, until: float, tokens: int, latencies: list[float]) -> None:
+async def measuring_client(url: str, seed: int, until: asyncio.Event, tokens: int, latencies: list[float],
+                           failures: list[int]) -> None:
     rng = random.Random(seed)
     async with httpx.AsyncClient(timeout=600) as client:
-        while time.monotonic() < until:
+        while not until.is_set():
             latency = await measure_one(client, url, rng, tokens)
-            if latency is not None:
+            if latency is None:
+                failures.append(seed)
+            else:
                 latencies.append(latency)
 
 
-def hostile_bodies(vocab: int, context: int, max_request_bytes: int, rng: random.Random) -> list[tuple[str, bytes]]:
-    full_bias = {"messages": [{"role": "user", "content": "Tell me everything."}], "max_tokens": 64,
-                 "ignore_eos": True, "temperature": 0, "logit_bias": {str(i): 0.0 for i in range(vocab)}}
-    largest = {"prompt": "x" * (max_request_bytes - 100), "max_tokens": 1}
-    over = b'{"prompt": "' + b"x" * (max_request_bytes + 10) + b'"}'
-    # About 3 tokens per word of 5-6 letters, fresh words each time: no prefix-cache hit.
-    words = " ".join(rng.choice(WORDS) + str(rng.randint(0, 999)) for _ in range(context // 4))
-    longest = {"prompt": words, "max_tokens": 1}
-    return [("/v1/chat/completions", json.dumps(full_bias).encode()),
-            ("/v1/completions", json.dumps(largest).encode()),
-            ("/v1/completions", over),
-            ("/v1/completions", json.dumps(longest).encode())]
-
-
-async def hostile_client(url: str, until: float, statuses: dict, vocab: int, context: int,
-                         max_request_bytes: int) -> None:
+async def hostile_client(url: str, until: asyncio.Event, log: HostileLog, facts: dict, passes: int | None) -> None:
+    """Cycles through the hostile requests until `until` (or for `passes` passes, then sets it)."""
     rng = random.Random(7)
+    done = 0
     async with httpx.AsyncClient(timeout=600) as client:
-        while time.monotonic() < until:
-            for path, body in hostile_bodies(vocab, context, max_request_bytes, rng):
-                if time.monotonic() >= until:
+        while not until.is_set():
+            for hostile in hostile_requests(facts["vocab"], facts["context"], facts["max_request_bytes"], rng):
+                if until.is_set():
                     return
-                try:
-                    reply = await client.post(url + path, content=body, headers={"content-type": "application/json"})
-                    key = f"{path} {reply.status_code}"
-                except httpx.HTTPError as e:
-                    key = f"{path} {type(e).__name__}"
-                statuses[key] = statuses.get(key, 0) + 1
+                await send_hostile(client, url, hostile, log)
+            done += 1
+            if passes is not None and done >= passes:
+                until.set()
 
 
-async def health_watch(url: str, until: float, worst: list[float]) -> None:
+async def health_watch(url: str, until: asyncio.Event, worst: list[float]) -> None:
     async with httpx.AsyncClient(timeout=60) as client:
-        while time.monotonic() < until:
+        while not until.is_set():
             started = time.perf_counter()
             await client.get(f"{url}/health")
             worst[0] = max(worst[0], time.perf_counter() - started)
-            await asyncio.sleep(0.25)
+            await asyncio.sleep(0.05)
 
 
-async def soak(url: str, args: argparse.Namespace, hostile: bool, facts: dict) -> dict:
+async def soak(url: str, clients: int, tokens: int, facts: dict, hostile: bool, seconds: float | None = None,
+               passes: int | None = None) -> dict:
+    """One run: for `seconds`, or (hostile) until the hostile client has made `passes` passes."""
     latencies: list[float] = []
-    statuses: dict = {}
+    failures: list[int] = []
+    log = HostileLog()
     worst = [0.0]
-    until = time.monotonic() + args.seconds
-    tasks = [measuring_client(url, i, until, args.tokens, latencies) for i in range(args.clients)]
+    until = asyncio.Event()
+    tasks = [measuring_client(url, i, until, tokens, latencies, failures) for i in range(clients)]
     tasks.append(health_watch(url, until, worst))
     if hostile:
-        tasks.append(hostile_client(url, until, statuses, facts["vocab"], facts["context"], facts["max_request_bytes"]))
+        tasks.append(hostile_client(url, until, log, facts, passes))
+
+    async def timer() -> None:
+        await asyncio.sleep(seconds)
+        until.set()
+
+    if seconds is not None:
+        tasks.append(timer())
     await asyncio.gather(*tasks)
     return {"median_s": statistics.median(latencies) if latencies else float("nan"), "requests": len(latencies),
-            "health_worst_s": worst[0], "hostile": statuses}
+            "failed_replies": len(failures), "health_worst_s": worst[0], "hostile": log.statuses,
+            "hostile_slowest_s": log.slowest_s, "unexpected": log.unexpected}
+
+
+def server_facts(url: str) -> dict:
+    info = httpx.get(f"{url}/v1/server_info").json()
+    tokenizer = httpx.get(f"{url}/tokenizer_info").json()
+    return {"vocab": tokenizer["vocab_size"], "context": info["max_model_len"],
+            "max_request_bytes": int(info["server"]["max_request_mb"] * 2**20)}
 
 
 def main() -> int:
+    from batchproof.commands.bench.servers import start_batchproof
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=15)
     parser.add_argument("--seconds", type=float, default=60)
@@ -128,26 +248,28 @@ def main() -> int:
     args = parser.parse_args()
     process, url = start_batchproof(["serve", "--max-logit-bias", "262144"])
     try:
-        info = httpx.get(f"{url}/v1/server_info").json()
-        tokenizer = httpx.get(f"{url}/tokenizer_info").json()
-        facts = {"vocab": tokenizer["vocab_size"], "context": info["max_model_len"],
-                 "max_request_bytes": int(info["server"]["max_request_mb"] * 2**20)}
-        asyncio.run(soak(url, argparse.Namespace(**{**vars(args), "seconds": 10}), False, facts))  # warm-up
+        facts = server_facts(url)
+        asyncio.run(soak(url, args.clients, args.tokens, facts, False, seconds=10))  # warm-up
         runs = []
         for _ in range(args.rounds):
             for hostile in (False, True):
-                result = asyncio.run(soak(url, args, hostile, facts))
+                result = asyncio.run(soak(url, args.clients, args.tokens, facts, hostile, seconds=args.seconds))
                 runs.append((hostile, result))
                 print(f"{'hostile' if hostile else 'quiet  '}: median {result['median_s'] * 1000:.1f} ms/token over "
-                      f"{result['requests']} replies; /health at worst {result['health_worst_s'] * 1000:.0f} ms; "
-                      f"{result['hostile'] or ''}", flush=True)
+                      f"{result['requests']} replies ({result['failed_replies']} failed); /health at worst "
+                      f"{result['health_worst_s'] * 1000:.0f} ms", flush=True)
+                for name, counts in result["hostile"].items():
+                    print(f"    {name}: {counts}, slowest {result['hostile_slowest_s'][name]:.2f} s", flush=True)
+                if result["unexpected"]:
+                    print(f"    UNEXPECTED: {result['unexpected']}", flush=True)
     finally:
         process.terminate()
         process.wait(timeout=30)
     quiet = statistics.median(r["median_s"] for h, r in runs if not h)
     loud = statistics.median(r["median_s"] for h, r in runs if h)
     print(f"hostile / quiet median per-token latency: {loud / quiet:.2f}x (target <= 1.5x)")
-    return 0 if loud / quiet <= 1.5 else 1
+    unexpected = [u for _, r in runs for u in r["unexpected"]]
+    return 0 if loud / quiet <= 1.5 and not unexpected else 1
 
 
 if __name__ == "__main__":

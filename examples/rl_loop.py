@@ -5,8 +5,9 @@ the rollout server and a `transformers` copy of the same model as the trainer
     python examples/rl_loop.py [--steps 3] [--workdir DIR] [--url http://127.0.0.1:8080]
 
 It converts the default model (SmolLM2-135M-Instruct's GGUF) to a float32 Hugging Face
-checkpoint, serves it (`batchproof serve --model DIR --allow-weight-updates`; or, with --url, a
-server already started that way), and each step: samples completions with logprobs and their
+checkpoint, serves it (`batchproof serve --model DIR --allow-weight-updates`, with a fresh API key
+in $BATCHPROOF_API_KEY; or, with --url, a server already started that way, its key in
+$BATCHPROOF_API_KEY), and each step: samples completions with logprobs and their
 token ids, rewards each one (toy: how many times it writes the letter "e"), re-scores the same
 ids on the server (/v1/completions, echo) and in the trainer's float32 forward, takes two SGD
 steps, writes the checkpoint and swaps it in with POST /v1/load_weights. It prints two gaps per
@@ -15,6 +16,8 @@ Needs transformers and accelerate; a few minutes on a laptop CPU.
 """
 
 import argparse
+import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -49,12 +52,14 @@ def convert_default_model(directory: Path) -> AutoModelForCausalLM:
     return model
 
 
-def start_server(checkpoint: Path) -> tuple[subprocess.Popen, str]:
+def start_server(checkpoint: Path, key: str) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:  # a free port
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    # load_weights reads files on the server's machine: it needs an API key (kept out of `ps`).
     server = subprocess.Popen([sys.executable, "-m", "batchproof", "serve", "--model", str(checkpoint),
-                               "--allow-weight-updates", "--port", str(port)])
+                               "--allow-weight-updates", "--port", str(port)],
+                              env={**os.environ, "BATCHPROOF_API_KEY": key})
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     while True:
@@ -68,8 +73,9 @@ def start_server(checkpoint: Path) -> tuple[subprocess.Popen, str]:
         time.sleep(0.5)
 
 
-def load_weights(url: str, checkpoint: Path) -> dict:
-    reply = httpx.post(f"{url}/v1/load_weights", json={"path": str(checkpoint.resolve())}, timeout=600)
+def load_weights(url: str, key: str, checkpoint: Path) -> dict:
+    reply = httpx.post(f"{url}/v1/load_weights", json={"path": str(checkpoint.resolve())},
+                       headers={"Authorization": f"Bearer {key}"}, timeout=600)
     reply.raise_for_status()
     return reply.json()
 
@@ -135,10 +141,11 @@ def main() -> None:
     started = time.perf_counter()
     model = convert_default_model(workdir / "step-0")
     print(f"converted the default model to {workdir / 'step-0'} in {time.perf_counter() - started:.0f} s")
-    server, url = (None, args.url) if args.url else start_server(workdir / "step-0")
+    key = os.environ["BATCHPROOF_API_KEY"] if args.url else secrets.token_hex(16)
+    server, url = (None, args.url) if args.url else start_server(workdir / "step-0", key)
     if args.url:
-        load_weights(url, workdir / "step-0")  # the trainer's weights, whatever it served before
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
+        load_weights(url, key, workdir / "step-0")  # the trainer's weights, whatever it served before
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=key)
     served = client.models.list().data[0].id
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     try:
@@ -153,7 +160,7 @@ def main() -> None:
             model.train()
             train_step(model, optimizer, prompt_ids, token_ids, rewards)
             model.save_pretrained(workdir / f"step-{step + 1}")
-            swap = load_weights(url, workdir / f"step-{step + 1}")
+            swap = load_weights(url, key, workdir / f"step-{step + 1}")
             print(f"step {step}: mean reward {rewards.mean():.2f}, {sum(map(len, token_ids))} tokens | "
                   f"rollout vs rescore: max |diff| {rescore_gap:.3g} | rollout vs trainer (float32): max |diff| "
                   f"{max_gap(logprobs, trainer):.3g} | load_weights {swap['load_s']:.2f} s, "

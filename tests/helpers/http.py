@@ -26,8 +26,11 @@ def chat_body(content: str, **fields) -> dict:
 
 
 def post(url: str, path: str, body: object, timeout: float = 60, **kwargs) -> httpx.Response:
-    if isinstance(body, bytes | str):
-        return httpx.post(url + path, content=body, timeout=timeout, **kwargs)
+    if isinstance(body, bytes | str):  # a raw body, still declared JSON (else a 415 before it is read)
+        headers = dict(kwargs.pop("headers", {}))
+        if not any(name.lower() == "content-type" for name in headers):
+            headers["content-type"] = "application/json"
+        return httpx.post(url + path, content=body, timeout=timeout, headers=headers, **kwargs)
     return httpx.post(url + path, json=body, timeout=timeout, **kwargs)
 
 

@@ -29,9 +29,14 @@ def body(prompt: str, max_tokens: int, **fields) -> dict:
     return {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "logprobs": 2, "ignore_eos": True, **fields}
 
 
+KEY = "sekrit"  # --allow-weight-updates needs an API key
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
 def reply(url: str, prompt: str, max_tokens: int = 24) -> tuple[str, list[float]]:
     """(text, token logprobs) of a non-streamed completion."""
-    choice = httpx.post(url + "/v1/completions", json=body(prompt, max_tokens), timeout=60).json()["choices"][0]
+    choice = httpx.post(url + "/v1/completions", json=body(prompt, max_tokens), headers=AUTH,
+                        timeout=60).json()["choices"][0]
     return choice["text"], choice["logprobs"]["token_logprobs"]
 
 
@@ -44,7 +49,7 @@ class Stream(threading.Thread):
 
     def run(self) -> None:
         with httpx.stream("POST", self.url + "/v1/completions", json=body(self.prompt, NUM_TOKENS, stream=True),
-                          timeout=120) as response:
+                          headers=AUTH, timeout=120) as response:
             for text in response.iter_text():
                 self.raw += text
                 self.started.set()
@@ -65,28 +70,30 @@ def checkpoints(tiny_checkpoint):
 
 def test_swap_under_load_then_the_new_weights_serve(checkpoints):
     old, new, other_arch = checkpoints
-    with live_server(engine_on(old), allow_weight_updates=True) as live:
-        before = httpx.get(live.url + "/v1/server_info").json()
+    with live_server(engine_on(old), allow_weight_updates=True, api_key=KEY) as live:
+        before = httpx.get(live.url + "/v1/server_info", headers=AUTH).json()
         streams = [Stream(live.url, prompt) for prompt in PROMPTS]
         for s in streams:
             s.start()
         assert all(s.started.wait(60) for s in streams)
         assert all(s.is_alive() for s in streams)  # all 8 running as the swap is asked for
-        swap = httpx.post(live.url + "/v1/load_weights", json={"path": str(new)}, timeout=120)
+        swap = httpx.post(live.url + "/v1/load_weights", json={"path": str(new)}, headers=AUTH, timeout=120)
         assert swap.status_code == 200, swap.text
         for s in streams:
             s.join(120)
         during = [s.result() for s in streams]
-        after = httpx.get(live.url + "/v1/server_info").json()
+        after = httpx.get(live.url + "/v1/server_info", headers=AUTH).json()
         assert swap.json()["numerics_id"] == after["numerics_id"] != before["numerics_id"]
         assert after["model_sha256"] == swap.json()["model_sha256"] == checkpoint_sha256(new)
         assert after["model_path"] == str(new)
         next_replies = [reply(live.url, p) for p in PROMPTS[:3]]
-        refused = httpx.post(live.url + "/v1/load_weights", json={"path": str(other_arch)}, timeout=120)
+        refused = httpx.post(live.url + "/v1/load_weights", json={"path": str(other_arch)}, headers=AUTH,
+                             timeout=120)
         assert_error(refused, 400, param="path", mentions=(str(other_arch), "load_weights takes the same"))
-        missing = httpx.post(live.url + "/v1/load_weights", json={"path": str(other_arch / "nope")}, timeout=120)
-        assert_error(missing, 400, param="path", mentions=("nope: no such file",))
-        assert httpx.get(live.url + "/v1/server_info").json()["numerics_id"] == after["numerics_id"]
+        missing = httpx.post(live.url + "/v1/load_weights", json={"path": str(other_arch / "nope")}, headers=AUTH,
+                             timeout=120)
+        assert_error(missing, 400, param="path", mentions=("not a loadable checkpoint under --weights-root",))
+        assert httpx.get(live.url + "/v1/server_info", headers=AUTH).json()["numerics_id"] == after["numerics_id"]
         still = [reply(live.url, p) for p in PROMPTS[:3]]
     with live_server(engine_on(old)) as fresh_old:
         assert during == [reply(fresh_old.url, p, NUM_TOKENS) for p in PROMPTS]  # finished on the old weights

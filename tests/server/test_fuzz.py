@@ -146,12 +146,40 @@ FIELDS = {
     "/v1/chat/completions": ["messages", "model", "temperature", "top_p", "n", "stop", "seed", "stream",
                              "stream_options", "presence_penalty", "frequency_penalty", "logit_bias", "user",
                              "top_k", "min_p", "repetition_penalty", "ignore_eos", "min_tokens", "logprobs",
-                             "top_logprobs", "unknown"],
+                             "top_logprobs", "structured_outputs", "response_format", "tools", "tool_choice",
+                             "cache_salt", "unknown"],
     "/v1/completions": ["prompt", "model", "temperature", "top_p", "n", "stop", "seed", "stream", "stream_options",
-                        "logit_bias", "top_k", "min_p", "ignore_eos", "min_tokens", "logprobs", "echo", "unknown"],
+                        "logit_bias", "top_k", "min_p", "ignore_eos", "min_tokens", "logprobs", "echo",
+                        "structured_outputs", "response_format", "cache_salt", "unknown"],
     "/v1/responses": ["input", "model", "instructions", "temperature", "top_p", "include", "top_logprobs", "text",
-                      "tools", "tool_choice", "stream", "store", "previous_response_id", "metadata", "unknown"],
+                      "tools", "tool_choice", "stream", "store", "previous_response_id", "metadata", "cache_salt",
+                      "unknown"],
 }
+# Now and then a value of the field's own shape with arbitrary insides, so the fuzz reaches the
+# grammar compiler, the tool planner and the metadata check rather than stopping at the type check.
+_TEXT = st.text(max_size=40) | st.sampled_from(["", "x", "\n" * 50, "root ::= \"a\"", "start: \"a\"",
+                                                "root ::= (", "[a-", "(?P<", "a{99999}"])
+_SCHEMAS = st.dictionaries(st.sampled_from(["type", "properties", "items", "enum", "pattern", "minLength",
+                                            "required", "anyOf", "$ref", "maxItems"]), JSON_VALUES, max_size=3)
+SHAPED = {
+    "structured_outputs": st.one_of(st.builds(lambda t: {"grammar": t}, _TEXT), st.builds(lambda t: {"regex": t}, _TEXT),
+                                    st.builds(lambda s: {"json": s}, _SCHEMAS),
+                                    st.builds(lambda c: {"choice": c}, st.lists(_TEXT, max_size=3))),
+    "response_format": st.builds(lambda s: {"type": "json_schema", "json_schema": {"name": "x", "schema": s}},
+                                 _SCHEMAS),
+    "tools": st.lists(st.builds(lambda n, p: {"type": "function", "function": {"name": n, "parameters": p}},
+                                st.text(_PRINTABLE, max_size=8), _SCHEMAS), max_size=3),
+    "tool_choice": st.sampled_from(["auto", "required", "none", {"type": "function", "function": {"name": "f"}}]),
+    "metadata": st.dictionaries(st.text(max_size=70), st.text(max_size=20), max_size=20),
+    "cache_salt": _TEXT,
+}
+
+
+def _value(field: str):
+    shaped = SHAPED.get(field)
+    return JSON_VALUES if shaped is None else st.one_of(JSON_VALUES, shaped)
+
+
 BASE = {"/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}]}, "/v1/completions": {"prompt": "hi"},
         "/v1/responses": {"input": "hi"}}
 BUDGET = {"/v1/responses": "max_output_tokens"}
@@ -162,7 +190,8 @@ def arbitrary_bodies(draw) -> tuple[str, bytes]:
     path = draw(st.sampled_from(sorted(FIELDS)))
     if draw(st.integers(0, 9)) == 0:  # now and then, a body that is not a request at all
         return path, draw(st.binary(max_size=40) | JSON_VALUES.map(lambda v: json.dumps(v).encode()))
-    fields = draw(st.dictionaries(st.sampled_from(FIELDS[path]), JSON_VALUES, max_size=3))
+    names = draw(st.lists(st.sampled_from(FIELDS[path]), max_size=3, unique=True))
+    fields = {name: draw(_value(name)) for name in names}
     budget = {BUDGET.get(path, "max_tokens"): draw(st.integers(-1, 2))}
     return path, json.dumps({**BASE[path], **fields, **budget}).encode()
 

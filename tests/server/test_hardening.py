@@ -56,7 +56,8 @@ def test_a_body_over_the_limit_is_refused_with_413_before_it_is_read(engine) -> 
             for start in range(0, len(body), 1000):
                 yield body[start:start + 1000]
 
-        assert_error(httpx.post(live.url + CHAT, content=chunked(), timeout=30), 413, code="request_too_large")
+        assert_error(httpx.post(live.url + CHAT, content=chunked(), timeout=30,
+                                headers={"content-type": "application/json"}), 413, code="request_too_large")
         assert post(live.url, CHAT, chat_body("hi", max_tokens=1)).status_code == 200
 
 
@@ -133,9 +134,12 @@ def test_a_faulting_step_fails_only_its_requests_and_the_server_goes_on(engine, 
         if streamed:
             response = post(live.url, CHAT, {**body, "stream": True})
             events = parse_sse(response.text)
-            assert "injected fault" in events[-1]["error"]["message"] and "[DONE]" not in events
+            message = events[-1]["error"]["message"]
+            assert "[DONE]" not in events
         else:
-            assert_error(post(live.url, CHAT, body), 500, mentions=("injected fault",))
+            message = assert_error(post(live.url, CHAT, body), 500, mentions=("fault",))["message"]
+        # The fault's id, never its text (which can name files): the log has the text under the id.
+        assert "engine step failed (fault " in message and "injected" not in message
         backend = live.state.backend
         # The faulted sequence gives its slot back at the next step (the engine steps until it has).
         assert wait_until(lambda: len(engine.scheduler.free_slots) == engine.config.max_batch, timeout=10)
@@ -143,7 +147,7 @@ def test_a_faulting_step_fails_only_its_requests_and_the_server_goes_on(engine, 
         assert reply.status_code == 200 and len(reply.json()["choices"][0]["logprobs"]["content"]) == 2
         health = httpx.get(live.url + "/health")
         assert health.status_code == 200
-        assert health.json() == {"status": "degraded", "faults": 1, "last_fault": "RuntimeError: injected fault"}
+        assert health.json() == {"status": "degraded"}  # what went wrong: only to a key holder
         assert backend.failure is None
 
 

@@ -232,14 +232,14 @@ def test_stored_responses_are_got_and_deleted(server, client) -> None:
 
 
 def test_the_store_is_per_key_and_bounded() -> None:
-    store = ResponseStore(budget_bytes=1000)
+    store = ResponseStore(budget_bytes=2000)  # two 400-character responses, with their overhead
     store.put("key-a", {"id": "resp_1", "text": "x" * 400}, [])
     assert store.get("key-b", "resp_1") is None and store.get(None, "resp_1") is None
     assert store.get("key-a", "resp_1") is not None
     store.put("key-a", {"id": "resp_2", "text": "y" * 400}, [])
     store.put("key-a", {"id": "resp_3", "text": "z" * 400}, [])
     assert store.get("key-a", "resp_1") is None  # the least recently used went first
-    assert len(store) == 2 and store.used_bytes <= 1000
+    assert len(store) == 2 and store.used_bytes <= 2000
     store.put("key-a", {"id": "resp_4", "text": "w" * 2000}, [])  # larger than the budget: not kept
     assert store.get("key-a", "resp_4") is None and len(store) == 2
 

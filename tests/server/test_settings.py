@@ -112,16 +112,16 @@ def broken_model(tmp_path):
 
 def test_a_model_that_fails_to_load_is_503_with_the_error(broken_model) -> None:
     with live_server(None, wait_ready=False, engine_settings={"model_path": broken_model}) as live:
-        assert wait_until(lambda: httpx.get(live.url + "/health").json()["status"] == "error", timeout=30)
+        assert wait_until(lambda: httpx.get(live.url + "/health").json()["status"] == "failed", timeout=30)
         health = httpx.get(live.url + "/health")
-        assert health.status_code == 503
-        assert "broken.gguf" in health.json()["error"] and "not a GGUF file" in health.json()["error"]
-        assert_error(post(live.url, CHAT, chat_body("hi", max_tokens=1)), 503)
+        assert health.status_code == 503 and health.json() == {"status": "failed"}  # no file named to anyone
+        error = assert_error(post(live.url, CHAT, chat_body("hi", max_tokens=1)), 503)
+        assert "broken.gguf" in error["message"] and "not a GGUF file" in error["message"]
 
 
 def test_routes_after_a_failed_load_say_it_failed(broken_model) -> None:
     with live_server(None, wait_ready=False, engine_settings={"model_path": broken_model}) as live:
-        assert wait_until(lambda: httpx.get(live.url + "/health").json()["status"] == "error", timeout=30)
+        assert wait_until(lambda: httpx.get(live.url + "/health").json()["status"] == "failed", timeout=30)
         response = post(live.url, CHAT, chat_body("hi", max_tokens=1))
         error = assert_error(response, 503)
         assert "still loading" not in error["message"] and "broken.gguf" in error["message"]

@@ -3,6 +3,7 @@
 import argparse
 import dataclasses
 import sys
+import threading
 
 from batchproof.commands.flags import add_dataclass_arguments, dataclass_from_args
 from batchproof.common.config import ConfigError
@@ -18,12 +19,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def configs(args: argparse.Namespace, command: str) -> tuple[ServerConfig, EngineConfig] | None:
     """The server's and the engine's settings, with the model checked to exist (a name or a
     missing file fails here, before anything starts); None after saying why on stderr."""
-    from batchproof.server.auth import read_api_keys
+    from batchproof.server.auth import server_api_keys
 
     try:
         server_config = dataclass_from_args(ServerConfig, args)
         engine_config = dataclass_from_args(EngineConfig, args)
-        read_api_keys(server_config.api_key, server_config.api_key_file)  # a missing key file fails here
+        server_api_keys(server_config)  # a missing key file, or weight updates without a key, fail here
     except ConfigError as e:
         print(f"batchproof {command}: {e}", file=sys.stderr)
         return None
@@ -43,22 +44,48 @@ def configs(args: argparse.Namespace, command: str) -> tuple[ServerConfig, Engin
     return server_config, engine_config
 
 
+# Against slow clients: an idle keep-alive connection is closed after this long, and h11 (not
+# httptools, which sets no bound) refuses a request head larger than this before it is whole.
+KEEP_ALIVE_S = 5
+MAX_REQUEST_HEAD_BYTES = 64 * 1024
+
+
+def uvicorn_config(app, server_config: ServerConfig):
+    import uvicorn
+
+    return uvicorn.Config(app, host=server_config.host, port=server_config.port, log_level="warning",
+                          access_log=False, http="h11", h11_max_incomplete_event_size=MAX_REQUEST_HEAD_BYTES,
+                          limit_concurrency=server_config.max_connections, timeout_keep_alive=KEEP_ALIVE_S)
+
+
 def run_app(app, server_config: ServerConfig, command: str) -> int:
     """Serve `app` until interrupted; a model that cannot load ends it, as llama-server and vLLM
     end: the reason on stderr and a non-zero exit, not a server that answers 503 to a user who
-    sees nothing."""
+    sees nothing. So does an engine that stops for good (faults in a row), so that a supervisor
+    restarts the process."""
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(app, host=server_config.host, port=server_config.port,
-                                           log_level="warning", access_log=False))
+    server = uvicorn.Server(uvicorn_config(app, server_config))
     state = app.state.server
     state.on_load_error = lambda: setattr(server, "should_exit", True)
+    engine_stopped = threading.Event()
+
+    def on_engine_failure() -> None:  # on the engine thread: uvicorn polls should_exit
+        engine_stopped.set()
+        server.should_exit = True
+
+    state.on_engine_failure = on_engine_failure
     print(f"batchproof: serving on http://{server_config.host}:{server_config.port} (model loading; GET /health)",
           file=sys.stderr)
     server.run()
     if state.load_error is not None:
         print(f"batchproof {command}: {state.load_error}", file=sys.stderr)
         return 2
+    if engine_stopped.is_set():
+        failure = state.backend.failure
+        print(f"batchproof {command}: the engine stopped ({type(failure).__name__}: {failure}); exiting so that "
+              "a supervisor restarts it", file=sys.stderr)
+        return 1
     return 0
 
 

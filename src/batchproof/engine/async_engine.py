@@ -3,6 +3,7 @@
 import asyncio
 import os
 import queue
+import secrets
 import socket
 import sys
 import threading
@@ -99,8 +100,10 @@ class AsyncEngine:
     """One thread owns the engine; everything else talks to it through `_inbox`."""
 
     def __init__(self, engine: Engine, batch_window_s: float,
-                 on_batch: Callable[[BatchSummary], None] = lambda summary: None, replica_id: str = "") -> None:
+                 on_batch: Callable[[BatchSummary], None] = lambda summary: None, replica_id: str = "",
+                 on_failure: Callable[[], None] = lambda: None) -> None:
         self.engine = engine
+        self.on_failure = on_failure  # called on the engine thread once it has stopped for good
         self.replica_id = replica_id or f"{socket.gethostname()}-{os.getpid()}"
         self.batch_window_s = batch_window_s
         self.on_batch = on_batch
@@ -190,7 +193,10 @@ class AsyncEngine:
                     self.on_batch(summary)
         except BaseException as e:  # a bug: fail every waiting request rather than hang them
             self.failure = e
-            self._fail_all(f"engine stopped: {type(e).__name__}: {e}")
+            # The exception's text can name files: it goes to the log (traceback below), not to clients.
+            self._fail_all(f"the engine stopped ({type(e).__name__}; the server's log has the details)")
+            if not self._stopping.is_set():
+                self.on_failure()
             raise
 
     def _step(self) -> list:
@@ -199,14 +205,17 @@ class AsyncEngine:
             outputs = self.engine.step()
         except Exception as e:
             self.num_faults += 1
-            self.last_fault = f"{type(e).__name__}: {e}"
+            self.last_fault = f"{type(e).__name__}: {e}"  # for /health, to a key holder only
             self._consecutive_faults += 1
-            print(f"batchproof: engine step failed ({self._consecutive_faults} in a row); failing its requests",
-                  file=sys.stderr)
+            # The requests get the fault's id, not its text (which can name files); the log has both.
+            fault_id = secrets.token_hex(6)
+            print(f"batchproof: engine step failed (fault {fault_id}, {self._consecutive_faults} in a row); "
+                  "failing its requests", file=sys.stderr)
             traceback.print_exc(file=sys.stderr)
             if self._consecutive_faults >= MAX_CONSECUTIVE_FAULTS:
                 raise
-            return self.engine.fail_step(e)
+            return self.engine.fail_step(f"the engine step failed (fault {fault_id}: the server's log has the "
+                                         f"details)")
         self._consecutive_faults = 0
         return outputs
 

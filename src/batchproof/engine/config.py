@@ -54,6 +54,15 @@ class EngineConfig:
         metadata={"help": "reuse the keys and values of prompt prefixes already computed (bitwise the same "
                           "results; only where the kernels make it exact)"},
     )
+    # A mask's own work is bounded by llguidance's limits (milliseconds); what can take seconds is
+    # a first mask that compiles (an engine used without the server's check) and builds the
+    # tokenizer's grammar view (~2 s at 262,144 tokens, once): 10 s leaves that room on a busy machine.
+    grammar_mask_timeout_s: float = field(
+        default=10.0,
+        metadata={"help": "longest a step waits for its constrained rows' next masks (a row's first includes "
+                          "copying or compiling its grammar); past it only the rows still waiting fail (error "
+                          "code grammar_timeout)"},
+    )
     prefix_cache_mb: int = field(
         default=128,
         metadata={"help": "memory, in MiB, that the prefix cache and the running sequences' keys and values share: "
@@ -72,6 +81,8 @@ class EngineConfig:
             f"num_threads must be >= 1, got {self.num_threads}",
         )
         require(self.prefix_cache_mb >= 0, f"prefix_cache_mb must be >= 0, got {self.prefix_cache_mb}")
+        require(self.grammar_mask_timeout_s > 0,
+                f"grammar_mask_timeout_s must be > 0, got {self.grammar_mask_timeout_s}")
         require(self.prefill_share > 0, f"prefill_share must be > 0, got {self.prefill_share}")
         require(self.max_prefill_tokens >= 1, f"max_prefill_tokens must be >= 1, got {self.max_prefill_tokens}")
         require(

@@ -15,7 +15,7 @@ from batchproof.engine.kv_cache import KVCache
 from batchproof.engine.memory import hand_back_large_blocks, prefill_heap, trim_heap
 from batchproof.engine.model.gguf_file import ModelLoadError, ModelSpec
 from batchproof.engine.model.known_models import resolve_model
-from batchproof.engine.model.model_source import model_sha256, read_model
+from batchproof.engine.model.model_source import model_sha256, pinned_files, read_model
 from batchproof.engine.model.ops import KernelOps, choose_ops, kernels
 from batchproof.engine.model.transformer import Transformer
 from batchproof.engine.model_front import ModelFront
@@ -107,7 +107,8 @@ class Engine:
         self._batch_max = 0
         self._stepping: list[Sequence] = []  # whom the current step runs (fail_step ends them)
         self.outputs = OutputProcessor(self._sequences, self.end_ids, self.max_model_len,
-                                       self.model.ops.normalizer_and_top_k, self.model.ops.first_max)
+                                       self.model.ops.normalizer_and_top_k, self.model.ops.first_max,
+                                       config.grammar_mask_timeout_s)
 
     @property
     def _runs_natively(self):
@@ -118,15 +119,20 @@ class Engine:
     def prepare_weights(self, path: Path) -> "PreparedWeights":
         """The model at `path` (a checkpoint directory or GGUF of exactly this model's spec) read
         and built beside the one serving, on any thread: nothing the engine runs is touched.
-        ModelLoadError (one line naming the path) if it cannot replace the served weights."""
+        ModelLoadError (one line naming the path) if it cannot replace the served weights;
+        OSError if one of its files cannot be opened."""
         started = time.perf_counter()
         path = Path(path)
-        sha256 = model_sha256(path) if path.exists() else ""
-        model_file = read_model(path, self._runs_natively)
-        _check_same_spec(self.spec, model_file.spec, path)
-        with torch.inference_mode():
-            model = Transformer.from_model_file(model_file, self.device, self.dtype, self.max_model_len,
-                                                self.model.ops)
+        # Checked, read and built first, then hashed from the same open files: the sha256 names
+        # the bytes served, and a file that is not this model is never read whole.
+        with pinned_files(path) as files_sha256:
+            model_file = read_model(path, self._runs_natively)
+            _check_same_spec(self.spec, model_file.spec, path)
+            with torch.inference_mode():
+                model = Transformer.from_model_file(model_file, self.device, self.dtype, self.max_model_len,
+                                                    self.model.ops)
+            del model_file
+            sha256 = files_sha256()
         return PreparedWeights(path, sha256, model, time.perf_counter() - started)
 
     def install_weights(self, prepared: "PreparedWeights") -> None:
@@ -163,7 +169,7 @@ class Engine:
             generator = None
         seq = Sequence(request_id, list(prompt_ids), params, TextStream(self.tokenizer, params.stop), generator,
                        logit_bias=logit_bias_row(params.logit_bias, self.tokenizer.vocab_size))
-        if params.constraint is not None:  # its matcher compiles on the grammar thread meanwhile
+        if params.constraint is not None and params.max_tokens:  # (scoring alone chooses no token)
             seq.grammar = GrammarState(self.tokenizer, params.constraint.grammar)
         self._sequences[request_id] = seq
         self.scheduler.add(seq)
@@ -185,6 +191,8 @@ class Engine:
         seq = self._sequences.get(request_id)
         if seq is not None and seq.status is not Status.FINISHED:
             seq.is_aborted = True
+            if seq.grammar is not None:  # a compile or mask no worker has begun is dropped
+                seq.grammar.cancel()
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
@@ -202,6 +210,7 @@ class Engine:
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
         scheduled = self.scheduler.schedule()
+        self._start_grammars(self.scheduler.running)
         self.runner.release(scheduled.retired, self.scheduler.running)
         outputs = self.outputs.retired(scheduled.retired)
         self._stepping = scheduled.prefill or scheduled.decode
@@ -215,13 +224,20 @@ class Engine:
         self._stepping = []
         return outputs
 
-    def fail_step(self, error: Exception) -> list[RequestOutput]:
+    @staticmethod
+    def _start_grammars(running: list[Sequence]) -> None:
+        """Admitted sequences' matchers start (a copy of the compiled grammar, its first mask) on
+        the grammar workers while their prompts are fed; waiting ones hold none."""
+        for seq in running:
+            if seq.grammar is not None:
+                seq.grammar.start()
+
+    def fail_step(self, message: str) -> list[RequestOutput]:
         """After step() raised: its sequences end with an error and give their slots back at
         the next step; those still waiting are untouched. A step that failed before choosing
         whom to run leaves every running sequence in an unknown state: they all fail."""
         failed = self._stepping or list(self.scheduler.running)
         self._stepping = []
-        message = f"the engine step failed: {type(error).__name__}: {error}"
         return [self.outputs.fail(seq, message) for seq in failed]
 
     def _forward(self, scheduled: ScheduledStep) -> tuple[list[Sequence], torch.Tensor, list]:

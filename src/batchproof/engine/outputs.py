@@ -46,7 +46,8 @@ class OutputProcessor:
     leave `sequences` (the engine's table of live requests)."""
 
     def __init__(self, sequences: dict[str, Sequence], end_ids: frozenset[int], max_model_len: int,
-                 records_backend: NormalizerAndTopK, greedy_backend: FirstMax) -> None:
+                 records_backend: NormalizerAndTopK, greedy_backend: FirstMax,
+                 grammar_mask_timeout_s: float = 5.0) -> None:
         self.sequences = sequences
         self.end_ids = end_ids
         self.max_model_len = max_model_len
@@ -55,6 +56,9 @@ class OutputProcessor:
         self.greedy_backend = greedy_backend
         self.num_tokens = 0  # tokens appended since the last take_num_tokens()
         self.grammar_wait_s = 0.0  # how long steps waited for grammar masks (the bench reads it)
+        # The longest one step waits for all its rows' masks together: a stuck grammar worker
+        # delays the batch by this once, then only its rows fail.
+        self.grammar_mask_timeout_s = grammar_mask_timeout_s
 
     def process(self, seqs: list[Sequence], logits: torch.Tensor, prompt_records: list) -> list[RequestOutput]:
         """logits [len(seqs), V]: the next token of each scheduled sequence."""
@@ -97,23 +101,25 @@ class OutputProcessor:
                     choices[i].record = record
         return choices
 
-    def _grammar_masks(self, seqs: list[Sequence]) -> tuple[list[torch.Tensor | None], dict[int, str]]:
+    def _grammar_masks(self, seqs: list[Sequence]) -> tuple[list[torch.Tensor | None], dict[int, _Choice]]:
         """Each constrained sequence's allowed tokens (None: unconstrained), and the rows whose
-        grammar failed. Per sequence, never per batch: a row's mask is the same alone or batched."""
+        grammar failed or whose mask came too late (only those rows end; the batch goes on).
+        Per sequence, never per batch: a row's mask is the same alone or batched."""
         allowed: list[torch.Tensor | None] = [None] * len(seqs)
-        failures: dict[int, str] = {}
+        failures: dict[int, _Choice] = {}
         started = time.perf_counter()
+        deadline = started + self.grammar_mask_timeout_s
         for i, seq in enumerate(seqs):
             if seq.grammar is not None and seq.params.max_tokens:
                 try:
-                    allowed[i] = seq.grammar.allowed()
+                    allowed[i] = seq.grammar.allowed(max(0.0, deadline - time.perf_counter()))
                 except GrammarFailure as e:
-                    failures[i] = f"step {len(seq.output_ids)}: {e}"
+                    failures[i] = _Choice(None, None, f"step {len(seq.output_ids)}: {e}", e.code)
         self.grammar_wait_s += time.perf_counter() - started
         return allowed, failures
 
     def _choose(self, seqs: list[Sequence], logits: torch.Tensor, rows: list[torch.Tensor],
-                banned: list[frozenset[int]], failures: dict[int, str]) -> list[_Choice]:
+                banned: list[frozenset[int]], failures: dict[int, _Choice]) -> list[_Choice]:
         choices: list[_Choice] = []
         # Greedy rows (the common case) are chosen in one pass; sampled ones one by one.
         plain = [i for i, s in enumerate(seqs) if s.params.is_greedy and s.params.max_tokens and i not in failures]
@@ -127,7 +133,7 @@ class OutputProcessor:
             if seq.params.max_tokens == 0:  # prompt scoring only
                 choices.append(_Choice(None, None))
             elif i in failures:
-                choices.append(_Choice(None, None, failures[i]))
+                choices.append(failures[i])
             elif i in greedy:
                 token_id = greedy[i]
                 choices.append(_Choice(token_id, None) if token_id is not None else
@@ -167,7 +173,7 @@ class OutputProcessor:
                     if seq.grammar is not None:
                         seq.grammar.advance(choice.token_id)
                 except GrammarFailure as e:
-                    seq.error, seq.finish_reason = f"step {len(seq.output_ids)}: {e}", "error"
+                    seq.error, seq.error_code, seq.finish_reason = f"step {len(seq.output_ids)}: {e}", e.code, "error"
                     outputs.append(self._finish(seq, TextDelta()))
                     continue
                 out = self._advance(seq, choice)
@@ -198,6 +204,8 @@ class OutputProcessor:
     def _finish(self, seq: Sequence, delta: TextDelta) -> RequestOutput:
         tail = seq.text.finish() if seq.error is None else TextDelta()
         seq.status = Status.FINISHED
+        if seq.grammar is not None:  # a mask begun for a token that will never come
+            seq.grammar.cancel()
         del self.sequences[seq.request_id]
         return self._output(seq, TextDelta(delta.text + tail.text, delta.records + tail.records,
                                            delta.token_ids + tail.token_ids))

@@ -3,6 +3,7 @@
 import argparse
 import dataclasses
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,9 @@ from batchproof.probe.prompts import BUILTIN_PROMPTS, load_prompts
 from batchproof.probe.request import ROUTES, Route
 
 DEFAULT_PROMPT = "Write an essay on compilers."
+# The key kept out of `ps` and shell history, read by `batchproof serve` too. Not OPENAI_API_KEY:
+# the probe measures any server, and a key meant for OpenAI must not be sent to whatever --url says.
+API_KEY_ENV = "BATCHPROOF_API_KEY"
 # What every request asks, fixed by the spec and the matrix: --extra-body may add fields, not change these.
 PROTOCOL_FIELDS = frozenset({"messages", "prompt", "logprobs", "top_logprobs", "temperature", "max_tokens",
                              "seed", "ignore_eos", "stream", "stream_options", "model", "input", "include",
@@ -128,7 +132,9 @@ class ProbeConfig:
     host: str | None = field(default=None, metadata=_flag("--host", "the host that served", "H"))
     commit: str | None = field(default=None, metadata=_flag("--commit", "the commit that served", "C"))
     api_key: str | None = field(
-        default=None, metadata=_flag("--api-key", "sent as `Authorization: Bearer KEY`", "KEY")
+        default=None, repr=False,  # a secret: never in a printed config
+        metadata=_flag("--api-key", f"sent as `Authorization: Bearer KEY` (default: ${API_KEY_ENV}, which keeps "
+                       "it out of `ps` and shell history)", "KEY"),
     )
     timeout_s: float = field(
         default=600.0, metadata=_flag("--timeout", "seconds one request may take (default 600)", "S", float)
@@ -238,4 +244,7 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> ProbeConfig:
     """The config from parsed options; raises ValueError for a bad value."""
     names = [f.name for f in dataclasses.fields(ProbeConfig) if "flag" in f.metadata]
-    return ProbeConfig(**{name: getattr(args, name) for name in names})
+    values = {name: getattr(args, name) for name in names}
+    if values["api_key"] is None:  # read here, at the command line's edge: the config takes a value
+        values["api_key"] = os.environ.get(API_KEY_ENV)
+    return ProbeConfig(**values)

@@ -4,7 +4,7 @@
 # mode and each slot's stream and rate. A wrong type there is refused by name (exit 4) before
 # drawing, as the check refuses its own keys, instead of a traceback from the middle of the page.
 
-from batchproof.check.witness import BOOLEAN, INTEGER, NUMBER, STRING, WitnessError, shown, typed_keys
+from batchproof.check.witness import BOOLEAN, INTEGER, NUMBER, STRING, WitnessError, shown, typed_keys, typed_value
 
 TOP_KEYS = {"result": STRING, "mode": STRING, "route": STRING, "stagger_ms": NUMBER, "served_model": STRING,
             "declared_min": INTEGER}
@@ -37,6 +37,7 @@ def check_shown_keys(witness: dict) -> None:
         raise WitnessError(f"prompts must be a list or null, got {shown(prompts)}")
     for i, item in enumerate(_objects(witness.get("references"), "references")):
         typed_keys(item, PROMPT_REFERENCE_KEYS, f"references[{i}]")
+        _typed_list(item.get("cached_tokens"), INTEGER, f"references[{i}].cached_tokens")  # one per run
     for name, kind, what in (("dropped_fields", list, "a list"), ("extra_body", dict, "an object")):
         if witness.get(name) is not None and not isinstance(witness[name], kind):
             raise WitnessError(f"{name} must be {what} or null, got {shown(witness[name])}")
@@ -50,10 +51,19 @@ def check_shown_keys(witness: dict) -> None:
                 typed_keys(case.get(run), RUN_KEYS, f"cache.cases[{c}].{run}")
             for i, slot in enumerate(_objects(case.get("slots"), f"cache.cases[{c}].slots")):
                 typed_keys(slot, CACHE_SLOT_KEYS, f"cache.cases[{c}].slots[{i}]")
-    for b, band in enumerate(witness["bands"]):
+    for b, band in enumerate(witness.get("bands") or []):  # none, with a fail-open
         typed_keys(band, BAND_KEYS, f"bands[{b}]")
         for s, slot in enumerate(band.get("slots") or []):
             typed_keys(slot, SLOT_KEYS, f"bands[{b}].slots[{s}]")
+
+
+def _typed_list(value: object, kind: str, where: str) -> list:
+    """A list (absent or null: empty) whose items are each of `kind` or null, refused by name otherwise."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise WitnessError(f"{where} must be a list or null, got {shown(value)}")
+    return [typed_value(item, kind, f"{where}[{i}]") for i, item in enumerate(value)]
 
 
 def _objects(value: object, where: str) -> list[dict]:

@@ -108,7 +108,9 @@ def cache_section(witness: dict[str, Any]) -> str:
                 ["warmer", _fmt(warmer.get("cached_tokens")), "-", "not compared (shares the prefix)", "-"]]
         classes = ["", ""]
         for s in case.get("slots") or []:
-            where = f"warm alone #{s.get('i', 0) + 1}" if s.get("c") == 1 else f"warm c={s.get('c')} slot {s.get('i')}"
+            i = s.get("i")  # null: the slot is drawn, its number unknown
+            alone = f"warm alone #{'-' if i is None else i + 1}"
+            where = alone if s.get("c") == 1 else f"warm c={s.get('c')} slot {_fmt(i)}"
             rows.append([where, _fmt(s.get("cached_tokens")), _fmt(s.get("tokens_agree_to")), _logprobs_cell(s),
                          "yes" if s.get("attributable") else f"no: {s.get('not_attributable')}"])
             classes.append(_pass_class(s.get("logprobs_bitwise_equal")))

@@ -2,8 +2,13 @@
 
 import asyncio
 import contextlib
+import os
+import sys
 import threading
+import traceback
+import uuid
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -15,12 +20,14 @@ from batchproof.engine.async_engine import AsyncEngine
 from batchproof.engine.config import EngineConfig
 from batchproof.engine.engine import Engine
 from batchproof.engine.load_errors import load_error_message
-from batchproof.server.auth import RequireAPIKey, read_api_keys
+from batchproof.server.auth import RequireAPIKey, server_api_keys
 from batchproof.server.batch_log import BatchLog
 from batchproof.server.body_limit import BodyLimit
 from batchproof.server.config import ServerConfig
+from batchproof.server.content_type import RequireJSON
 from batchproof.server.engine_client import Backend
 from batchproof.server.errors import APIError
+from batchproof.server.host_check import RequireKnownHost, allowed_hosts
 from batchproof.server.metrics import RequestCounter
 from batchproof.server.openapi import install_openapi
 from batchproof.server.routes import admin, chat, completions, responses
@@ -44,10 +51,15 @@ class CatchAll:
 
         try:
             await self.app(scope, receive, tracking_send)
-        except Exception as error:
+        except Exception:
             if started or scope["type"] != "http":
                 raise
-            await APIError(500, f"internal error: {type(error).__name__}: {error}",
+            # The exception's text can name files and settings: it goes to the log, under an id
+            # the reply gives so that the two can be matched.
+            error_id = uuid.uuid4().hex[:12]
+            print(f"batchproof: internal error {error_id} on {scope['method']} {scope['path']}", file=sys.stderr)
+            traceback.print_exc(file=sys.stderr)
+            await APIError(500, f"internal error (id {error_id}: the server's log has the details)",
                            type_="server_error").response()(scope, receive, send)
 
 
@@ -59,12 +71,18 @@ def local_backend(engine: Engine | None = None) -> StartBackend:
     """One engine in this process: `engine` (tests share one), else loaded from the config."""
 
     def start(state: ServerState, loop: asyncio.AbstractEventLoop) -> Backend:
-        async_engine = AsyncEngine(engine or Engine(state.engine_config), state.engine_config.batch_window_ms / 1000,
-                                   state.batch_log)
+        served = engine or Engine(state.engine_config)
+        async_engine = AsyncEngine(served, state.engine_config.batch_window_ms / 1000, state.batch_log,
+                                   on_failure=lambda: _engine_stopped(state))
         async_engine.start(loop)
         return async_engine
 
     return start
+
+
+def _engine_stopped(state: ServerState) -> None:
+    if state.on_engine_failure is not None:
+        state.on_engine_failure()
 
 
 def _start_backend(state: ServerState, start: StartBackend, loop: asyncio.AbstractEventLoop) -> None:
@@ -72,11 +90,17 @@ def _start_backend(state: ServerState, start: StartBackend, loop: asyncio.Abstra
     try:
         backend = start(state, loop)
     except Exception as e:
-        state.load_error = load_error_message(e) or f"{type(e).__name__}: {e}"
+        state.load_error = load_error_message(e)
+        if state.load_error is None:  # a bug: its text (paths, settings) goes to the log, not to clients
+            traceback.print_exc(file=sys.stderr)
+            state.load_error = f"internal error ({type(e).__name__}; the server's log has the details)"
         if state.on_load_error is not None:
             state.on_load_error()
         return
-    state.served_model_name = state.config.served_model_name or backend.engine.front.model_path.stem
+    model_path = backend.engine.front.model_path
+    state.served_model_name = state.config.served_model_name or model_path.stem
+    # Fixed at start: a checkpoint swapped in later does not move where the next may come from.
+    state.weights_root = Path(os.path.realpath(state.config.weights_root or model_path.parent))
     state.backend = backend
 
 
@@ -84,7 +108,7 @@ def create_app(server_config: ServerConfig, engine_config: EngineConfig, engine:
                start: StartBackend | None = None) -> FastAPI:
     """engine: an already loaded engine to serve (tests share one); start: what runs requests
     instead of a local engine (a fleet's router); else one engine is loaded at startup."""
-    api_keys = read_api_keys(server_config.api_key, server_config.api_key_file)
+    api_keys = server_api_keys(server_config)
     state = ServerState(config=server_config, engine_config=engine_config,
                         prefix_cache_scope=server_config.prefix_cache_scope or ("key" if api_keys else "shared"),
                         api_key_required=bool(api_keys))
@@ -124,8 +148,13 @@ def create_app(server_config: ServerConfig, engine_config: EngineConfig, engine:
         return APIError(400, f"invalid request: {error.errors()[0].get('msg')}").response()
 
     app.add_middleware(CatchAll)
+    app.add_middleware(RequireJSON)
     app.add_middleware(BodyLimit, limit_bytes=server_config.max_request_bytes)
-    if api_keys:  # outside the body limit: a stranger's body is not even counted
+    # Outside the body limit: a stranger's body is not even counted. With a key a rebound name
+    # gains nothing (the page cannot know the key), so the Host is checked only without one.
+    if api_keys:
         app.add_middleware(RequireAPIKey, api_keys=api_keys)
+    elif (hosts := allowed_hosts(server_config)) is not None:
+        app.add_middleware(RequireKnownHost, hosts=hosts)
     app.add_middleware(RequestCounter, metrics=state.metrics)  # outermost: counts 401s too
     return app

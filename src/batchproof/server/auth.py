@@ -10,6 +10,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from batchproof.common.config import ConfigError
+from batchproof.server.config import ServerConfig
 from batchproof.server.errors import APIError
 
 # Probes and scrapers may call these without the API key, as with vLLM.
@@ -38,6 +39,17 @@ def read_api_keys(api_key: str | None, api_key_file: Path | None) -> list[str]:
     return [] if key is None else [key]
 
 
+def server_api_keys(config: ServerConfig) -> list[str]:
+    """The keys `config` accepts, once the settings that need a key have one: load_weights reads
+    files on the server's machine, so an open server (or a web page its browser is tricked into
+    posting from) must never reach it."""
+    keys = read_api_keys(config.api_key, config.api_key_file)
+    if config.allow_weight_updates and not keys:
+        raise ConfigError("--allow-weight-updates needs an API key (--api-key, --api-key-file or "
+                          f"${API_KEY_ENV}): load_weights reads files on this machine")
+    return keys
+
+
 def key_id(key: str) -> str:
     """A name for a key that does not reveal it (the prefix cache's namespace, logs)."""
     return hashlib.sha256(key.encode()).hexdigest()[:16]
@@ -56,14 +68,15 @@ class RequireAPIKey:
         self.expected = [(f"Bearer {key}".encode(), key_id(key)) for key in api_keys]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
+        if scope["type"] == "http":
             given = dict(scope["headers"]).get(b"authorization", b"")
             # Every key is compared, so the time taken says nothing about which one matched.
             matches = [ident for header, ident in self.expected if secrets.compare_digest(given, header)]
-            if not matches:
+            if matches:  # on the open paths too: /health tells a key holder more
+                scope.setdefault("state", {})["api_key_id"] = matches[0]
+            elif scope["path"] not in OPEN_PATHS:
                 error = APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
                                  param="authorization", code="invalid_api_key")
                 await error.response()(scope, receive, send)
                 return
-            scope.setdefault("state", {})["api_key_id"] = matches[0]
         await self.app(scope, receive, send)

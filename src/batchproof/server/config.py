@@ -51,7 +51,22 @@ class ServerConfig:
     allow_weight_updates: bool = field(
         default=False,
         metadata={"help": "serve POST /v1/load_weights: a checkpoint directory on this machine, of the served "
-                          "model's architecture and shapes, replaces the weights in place (docs/hf-checkpoints.md)"},
+                          "model's architecture and shapes, replaces the weights in place (docs/hf-checkpoints.md); "
+                          "needs an API key"},
+    )
+    weights_root: Path | None = field(
+        default=None,
+        metadata={"help": "the only directory load_weights reads under (symlinks resolved; regular files only) "
+                          "[default: the directory holding the served model]"},
+    )
+    allowed_hosts: str | None = field(
+        default=None,
+        metadata={"help": "without an API key, the Host names accepted besides localhost, 127.0.0.1, [::1] and "
+                          "--host (comma-separated; '*' accepts any): a guard against DNS rebinding"},
+    )
+    max_connections: int = field(
+        default=512, metadata={"help": "open connections (or requests in flight) past which a new request gets "
+                                       "503 at once (bounds what slow clients can hold)"}
     )
     logprobs_mode: Literal["raw", "processed"] = field(
         default="raw",
@@ -74,6 +89,10 @@ class ServerConfig:
         require(self.max_logit_bias >= 0, f"max_logit_bias must be >= 0, got {self.max_logit_bias}")
         require(self.logprobs_mode in ("raw", "processed"),
                 f"logprobs_mode must be raw or processed, got {self.logprobs_mode!r}")
+        require(self.weights_root is None or self.weights_root.is_dir(),
+                f"weights_root {self.weights_root} is not a directory")
+        require(self.max_connections >= 1, f"max_connections must be >= 1, got {self.max_connections}")
+        require(self.allowed_hosts is None or self.allowed_hosts.strip() != "", "allowed_hosts must not be blank")
         require(self.request_timeout_s > 0, f"request_timeout_s must be > 0, got {self.request_timeout_s}")
         require(
             self.served_model_name is None or self.served_model_name.strip() != "",

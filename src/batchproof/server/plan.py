@@ -15,6 +15,14 @@ from batchproof.server.protocol import SamplingFields
 
 MAX_CHAT_STOP_STRINGS = 4  # OpenAI's limit; lm-eval sends chat at most 4 too
 MAX_COMPLETION_STOP_STRINGS = 64  # lm-eval sends a task's whole `until` list to /v1/completions
+# Holding back a tail that could still grow into a stop string costs, per held character, a
+# comparison against every stop string: quadratic in a stop string's length when a long held
+# tail breaks (a 100,000-character string: ~270 us a token on average with one string; a held
+# tail of a context's worth of text breaking: seconds on the engine thread).
+# 1,024 characters keep it under ~200 us a token even with 64 adversarial strings (measured with
+# 16-character tokens), and are far longer than any real stop sequence (lm-eval's are a few words).
+MAX_STOP_STRING_CHARS = 1024
+MAX_STOP_TOTAL_CHARS = 4 * MAX_STOP_STRING_CHARS  # chat's 4 strings at full length; 64 short ones for lm-eval
 # ASCII digits only (str.isdigit() also takes "²", which int() refuses), and few of them: int()
 # refuses a string of more than 4,300 digits with a ValueError.
 TOKEN_ID_KEY = re.compile(r"-?[0-9]{1,18}")
@@ -110,6 +118,14 @@ def _stop_strings(stop: str | list[str] | None, limit: int) -> tuple[str, ...]:
         raise APIError(400, f"'stop' takes at most {limit} strings here, got {len(strings)}", param="stop")
     if any(s == "" for s in strings):
         raise APIError(400, f"'stop' strings must not be empty, got {shown(strings)}", param="stop")
+    longest = max(strings, key=len, default="")
+    if len(longest) > MAX_STOP_STRING_CHARS:
+        raise APIError(400, f"'stop' string {shown(longest)} has {len(longest)} characters; at most "
+                            f"{MAX_STOP_STRING_CHARS} are taken", param="stop")
+    total = sum(map(len, strings))
+    if total > MAX_STOP_TOTAL_CHARS:
+        raise APIError(400, f"'stop' strings have {total} characters in all; at most {MAX_STOP_TOTAL_CHARS} "
+                            "are taken", param="stop")
     return tuple(strings)
 
 
@@ -143,13 +159,20 @@ def _max_tokens(requested: int | None, name: str, prompt_len: int, max_model_len
     return requested
 
 
-def _check_counts(req: SamplingFields, wanted: Wanted, num_prompts: int, limits: Limits) -> int:
-    n = 1 if req.n is None else req.n
+def check_sequences(num_prompts: int, requested_n: int | None, limits: Limits) -> int:
+    """The request's n, once prompts x n is known to fit the queue: checked before a prompt is
+    tokenized, so a list of a million prompts costs its parse and no more."""
+    n = 1 if requested_n is None else requested_n
     if not 1 <= n <= limits.max_batch:
         raise APIError(400, f"'n' must be in 1..{limits.max_batch} (the server's --max-batch), got {n}", param="n")
     if num_prompts * n > limits.max_choices:
         raise APIError(400, f"{num_prompts} prompts x n {n} = {num_prompts * n} sequences; this server queues at "
                             f"most {limits.max_choices} (--max-queue)", param="prompt" if num_prompts > 1 else "n")
+    return n
+
+
+def _check_counts(req: SamplingFields, wanted: Wanted, num_prompts: int, limits: Limits) -> int:
+    n = check_sequences(num_prompts, req.n, limits)
     for value, name in ((wanted.top_logprobs, wanted.top_logprobs_name),
                         (wanted.prompt_logprobs, wanted.prompt_logprobs_name)):
         if value is not None and value > limits.max_logprobs:

@@ -4,6 +4,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
+from batchproof.server.errors import APIError, shown
 from batchproof.server.fields import NO_TOOLS, refused
 
 # The upper bound is the server's --max-logprobs, checked when the request is planned.
@@ -15,11 +16,32 @@ Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 # What torch.Generator.manual_seed takes: any int64 or uint64.
 Seed = Annotated[StrictInt, Field(ge=-(2**63), le=2**64 - 1)]
+# OpenAI's limits on `metadata` (the same on every route): a few tags, not a store; the Responses
+# route keeps it with the response, so without them one request could park megabytes there.
+MAX_METADATA_PAIRS = 16
+MAX_METADATA_KEY_CHARS = 64
+MAX_METADATA_VALUE_CHARS = 512
 
 
 class _Strict(BaseModel):
     # Unknown fields are refused (fields.py says why); known ones are typed strictly.
     model_config = ConfigDict(strict=True, extra="forbid")
+
+
+def check_metadata(metadata: dict[str, str] | None) -> None:
+    """A 400 naming `metadata` past OpenAI's limits (a 400, as OpenAI's, not a type error's 422)."""
+    if metadata is None:
+        return
+    if len(metadata) > MAX_METADATA_PAIRS:
+        raise APIError(400, f"'metadata' has {len(metadata)} pairs; at most {MAX_METADATA_PAIRS} are taken",
+                       param="metadata")
+    for key, value in metadata.items():
+        if len(key) > MAX_METADATA_KEY_CHARS:
+            raise APIError(400, f"'metadata' key {shown(key)} has {len(key)} characters; at most "
+                                f"{MAX_METADATA_KEY_CHARS} are taken", param="metadata")
+        if len(value) > MAX_METADATA_VALUE_CHARS:
+            raise APIError(400, f"'metadata.{key}' has {len(value)} characters; at most "
+                                f"{MAX_METADATA_VALUE_CHARS} are taken", param="metadata")
 
 
 class TextPart(_Strict):

@@ -39,9 +39,17 @@ def admit(engine: Backend, max_queue: int, num_sequences: int = 1) -> None:
                             "retry later", type_="rate_limit_error", headers={"Retry-After": str(QUEUE_RETRY_AFTER_S)})
 
 
+# Errors of the request's own grammar (with its min_tokens, or past llguidance's limits on a
+# mask's work): a 400 naming why, as a grammar refused before it ran would be.
+REQUEST_GRAMMAR_ERRORS = frozenset({"grammar_exhausted", "grammar_failed"})
+
+
 def engine_error(out: RequestOutput, timeout_s: float) -> APIError | None:
-    if out.finish_reason == "error" and out.error_code == "grammar_exhausted":  # the request's own doing
-        return APIError(400, f"generation stopped: {out.error}", code="grammar_exhausted")
+    if out.finish_reason == "error" and out.error_code in REQUEST_GRAMMAR_ERRORS:  # the request's own doing
+        return APIError(400, f"generation stopped: {out.error}", code=out.error_code)
+    if out.finish_reason == "error" and out.error_code == "grammar_timeout":  # the grammar workers are behind
+        return APIError(503, f"generation stopped: {out.error}; retry later", type_="service_unavailable",
+                        code="grammar_timeout", headers={"Retry-After": str(QUEUE_RETRY_AFTER_S)})
     if out.finish_reason == "error":
         return APIError(500, f"generation failed: {out.error}", type_="server_error")
     if out.finish_reason == "unavailable":  # the replica running it went away (a fleet)

@@ -2,6 +2,7 @@
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -33,6 +34,10 @@ class ServerState:
     # Called (from the loader thread) when the model cannot load: `batchproof serve` stops the
     # server then and exits non-zero; an app built without it stays up answering 503.
     on_load_error: Callable[[], None] | None = None
+    # Called (from the engine thread) when the engine stops for good: `batchproof serve` exits
+    # non-zero then, so a supervisor restarts it; an app built without it answers 503.
+    on_engine_failure: Callable[[], None] | None = None
+    weights_root: Path | None = None  # load_weights reads only under it (resolved when the engine starts)
     responses: ResponseStore = field(default_factory=ResponseStore)  # what previous_response_id continues
 
     @property

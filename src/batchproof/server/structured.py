@@ -2,6 +2,7 @@
 built and checked against the model's tokenizer before the request runs, so a schema feature
 the engine cannot enforce is a 400 naming it, never a 200 with unconstrained text."""
 
+import json
 from typing import Any
 
 from batchproof.engine.grammar import compile as grammars
@@ -10,12 +11,28 @@ from batchproof.engine.tokenizer import Tokenizer
 from batchproof.server.errors import APIError
 from batchproof.server.protocol import ResponseFormat, StructuredOutputs
 
+# A schema's compile costs time in its size (64 KB of flat properties: ~0.1 s), so it is bounded
+# before any: the size one tool's parameters may have (tools/choice.py), far above a real one's.
+MAX_SCHEMA_CHARS = 64 * 1024
+
 
 def _built(make: Any, param: str, *args: Any) -> Constraint:
     try:
         return make(*args)
     except (ValueError, TypeError) as e:  # a schema that is not a JSON object, a grammar it cannot read
         raise APIError(400, f"'{param}' cannot be enforced: {e}", param=param) from None
+
+
+def _schema(schema: dict | str, param: str) -> Constraint:
+    """A JSON schema's constraint, its size checked first (as JSON text, the form it compiles from)."""
+    try:
+        text = schema if isinstance(schema, str) else json.dumps(schema, ensure_ascii=False)
+    except (ValueError, RecursionError):  # nested deeper than the encoder goes
+        raise APIError(400, f"'{param}' is nested too deeply to be enforced", param=param) from None
+    if len(text) > MAX_SCHEMA_CHARS:
+        raise APIError(400, f"'{param}' is {len(text)} characters of JSON; at most {MAX_SCHEMA_CHARS} are taken",
+                       param=param)
+    return _built(grammars.json_schema, param, text)
 
 
 def from_response_format(response_format: ResponseFormat) -> Constraint | None:
@@ -29,7 +46,7 @@ def from_response_format(response_format: ResponseFormat) -> Constraint | None:
     schema = response_format.json_schema.schema_
     if schema is None:
         raise APIError(400, "'response_format.json_schema' needs its 'schema'", param="response_format.json_schema")
-    return _built(grammars.json_schema, "response_format.json_schema.schema", schema)
+    return _schema(schema, "response_format.json_schema.schema")
 
 
 def from_structured_outputs(structured: StructuredOutputs) -> Constraint:
@@ -43,7 +60,7 @@ def from_structured_outputs(structured: StructuredOutputs) -> Constraint:
     name = given[0]
     param = f"structured_outputs.{name}"
     if name == "json":
-        return _built(grammars.json_schema, param, structured.json_)
+        return _schema(structured.json_, param)
     if name == "json_object":
         return grammars.json_object()
     if name == "regex":

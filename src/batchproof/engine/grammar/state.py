@@ -1,26 +1,36 @@
 """One constrained sequence's grammar: which tokens it allows next, and the token it took.
 
-The next mask is computed on the grammar thread as soon as a token is consumed, while the
-engine thread runs the next forward pass (our kernels release the GIL), so a step waits for
-a mask only when the mask took longer than the forward pass. One thread: a sequence's matcher
-is only ever touched by one thread at a time (the engine's waits for the grammar thread's job).
+Its matcher (a copy of the grammar's compiled one, matchers.py) and each next mask are computed
+on a grammar worker as soon as the sequence is admitted to run or has consumed a token, while
+the engine thread runs the forward pass (our kernels release the GIL), so a step waits for a
+mask only when the mask took longer than the forward pass (and never past the engine's
+grammar_mask_timeout_s: outputs.py fails only the late rows). A sequence's jobs are chained (the next is
+submitted only after the engine has taken the last one's result), so its matcher is only ever
+touched by one thread at a time, whichever worker that is.
 """
 
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import torch
-from llguidance import LLMatcher
 
-from batchproof.engine.grammar.compile import LIMITS
-from batchproof.engine.grammar.tokenizer import grammar_tokenizer
+from batchproof.engine.grammar.matchers import CompileError, compiled_matchers
 from batchproof.engine.tokenizer import Tokenizer
 
-_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batchproof-grammar")
+# More than one: a compile of a big schema (up to ~1 s) holds one worker while the others keep
+# computing every running row's masks (each ~0.1-1 ms); few, as masks mostly wait on one core.
+GRAMMAR_WORKERS = 4
+_workers = ThreadPoolExecutor(max_workers=GRAMMAR_WORKERS, thread_name_prefix="batchproof-grammar")
 
 
 class GrammarFailure(RuntimeError):
-    """The matcher entered its error state (a limit, or a token it could not take)."""
+    """This row's grammar cannot go on: it failed (`grammar_failed`: a limit on a mask's work, a
+    token it could not take, a grammar that does not compile) or its mask came too late
+    (`grammar_timeout`). The code is RequestOutput.error_code."""
+
+    def __init__(self, message: str, code: str = "grammar_failed") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def unpack_mask(bitmask: bytes, vocab_size: int) -> torch.Tensor:
@@ -31,39 +41,78 @@ def unpack_mask(bitmask: bytes, vocab_size: int) -> torch.Tensor:
     return torch.from_numpy(bits.view(np.bool_))
 
 
+def _first_line(error: str) -> str:
+    """llguidance's error without the parser state it appends (lines of the reply so far)."""
+    lines = error.strip().splitlines()
+    return lines[0] if lines else "unknown error"
+
+
 class GrammarState:
     def __init__(self, tokenizer: Tokenizer, grammar: str) -> None:
         self.vocab_size = tokenizer.vocab_size
         self.is_stopped = False  # the grammar is complete and takes no further token
-        self._matcher: LLMatcher | None = None
-        # Built on the grammar thread too: a big schema takes up to a second to compile.
-        self._next: Future[torch.Tensor | str] = _worker.submit(self._start, tokenizer, grammar)
+        self._matchers = compiled_matchers(tokenizer)
+        self._grammar = grammar
+        self._matcher = None
+        self._next: Future[torch.Tensor | str] | None = None  # None until the sequence is admitted
 
-    def _start(self, tokenizer: Tokenizer, grammar: str) -> torch.Tensor | str:
-        self._matcher = LLMatcher(grammar_tokenizer(tokenizer), grammar, log_level=0, limits=LIMITS)
+    @property
+    def is_started(self) -> bool:
+        return self._next is not None
+
+    @property
+    def is_cancelled(self) -> bool:
+        """Its pending job was dropped before any worker began it."""
+        return self._next is not None and self._next.cancelled()
+
+    def start(self) -> None:
+        """Its matcher and first mask, on a grammar worker: once it is admitted to run, so a
+        sequence that waits for a slot holds no worker (and compiles nothing)."""
+        if self._next is None:
+            self._next = _workers.submit(self._first_mask)
+
+    def cancel(self) -> None:
+        """The sequence has ended: its job, if no worker has begun it, never runs."""
+        if self._next is not None:
+            self._next.cancel()
+
+    def _first_mask(self) -> torch.Tensor | str:
+        try:
+            self._matcher = self._matchers.matcher(self._grammar)
+        except CompileError as e:  # the server checks first; an engine used alone may not have
+            return f"it does not compile: {_first_line(str(e))}"
         return self._mask()
 
     def _mask(self) -> torch.Tensor | str:
         matcher = self._matcher
-        if matcher.is_error():
-            return matcher.get_error()
-        bitmask = matcher.compute_bitmask()
-        if matcher.is_error():
-            return matcher.get_error()
+        try:
+            if matcher.is_error():
+                return _first_line(matcher.get_error())
+            bitmask = matcher.compute_bitmask()
+        except BaseException as e:  # a panic in llguidance (pyo3's PanicException is no Exception): this row's
+            return f"llguidance raised {type(e).__name__}"
+        if matcher.is_error():  # a limit on one step's work (llguidance's fuel), mid-reply
+            return _first_line(matcher.get_error())
         return unpack_mask(bitmask, self.vocab_size)
 
-    def allowed(self) -> torch.Tensor:
-        """bool [V]: the tokens the grammar takes next (its end-of-turn ids once complete)."""
-        result = self._next.result()
+    def allowed(self, timeout_s: float) -> torch.Tensor:
+        """bool [V]: the tokens the grammar takes next (its end-of-turn ids once complete), if
+        ready within `timeout_s` (a mask already computed is taken at 0)."""
+        self.start()
+        try:
+            result = self._next.result(timeout=timeout_s)
+        except TimeoutError:
+            raise GrammarFailure("the grammar's next mask was not ready in time (the engine's "
+                                 "grammar_mask_timeout_s)", "grammar_timeout") from None
         if isinstance(result, str):
             raise GrammarFailure(f"the grammar failed: {result}")
         return result
 
     def advance(self, token_id: int) -> None:
         """Take the chosen token, then start on the next mask."""
-        self._next.result()
+        self._next.result()  # allowed() has returned it: the matcher is this thread's now
         if not self._matcher.consume_token(token_id):
-            raise GrammarFailure(f"the grammar refused token {token_id}: {self._matcher.get_error()}")
+            raise GrammarFailure(f"the grammar refused token {token_id}: {_first_line(self._matcher.get_error())}")
         self.is_stopped = self._matcher.is_stopped()
         if not self.is_stopped:
-            self._next = _worker.submit(self._mask)
+            self._next = _workers.submit(self._mask)

@@ -17,6 +17,7 @@ from batchproof.server.responses.protocol import (
     NamedFunctionChoice,
     ResponsesRequest,
 )
+from batchproof.server.tools.choice import check_num_tools
 
 TEXT_PARTS = ("input_text", "output_text")
 # Chat's spelling of a field -> the Responses one, for the errors the chat route's checks raise.
@@ -88,6 +89,7 @@ def input_messages(items: str | list[dict[str, Any]], where: str = "input") -> l
 
 
 def _tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    check_num_tools(len(tools))  # before each is validated
     chat_tools = []
     for i, raw in enumerate(tools):
         if raw.get("type") != "function":

@@ -1,7 +1,6 @@
 """The small routes: models, health, metrics, tokenize, detokenize, server_info, load_weights, and 501s."""
 
 import time
-from pathlib import Path
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
@@ -9,13 +8,15 @@ from pydantic import BaseModel, ConfigDict, StrictStr
 from starlette.concurrency import run_in_threadpool
 
 from batchproof.engine.async_engine import AsyncEngine
-from batchproof.engine.load_errors import load_error_message
+from batchproof.engine.model.gguf_file import ModelLoadError
+from batchproof.server.auth import tenant
 from batchproof.server.errors import APIError
 from batchproof.server.info import numerics_id, server_info, tokenizer_facts
 from batchproof.server.messages import render_chat
 from batchproof.server.plan import check_model
 from batchproof.server.protocol import DetokenizeRequest, TokenizeRequest
 from batchproof.server.state import ServerState, parse_body
+from batchproof.server.weights_root import not_loadable, weights_path
 
 router = APIRouter()
 
@@ -36,17 +37,31 @@ def _state(request: Request) -> ServerState:
 
 @router.get("/health")
 async def health(request: Request) -> Response:
+    """Only the status, open to anyone: ok, degraded (steps failed, their requests got errors,
+    the others went on), failed (the model did not load, or the engine stopped), loading. What
+    went wrong is told to an API key's holder only (it can name files and settings)."""
     state = _state(request)
-    if state.load_error is not None:
-        return JSONResponse({"status": "error", "error": state.load_error}, status_code=503)
+    backend = state.backend
+    failure = backend.failure if backend is not None else None
+    if state.load_error is not None or failure is not None:
+        status, code = "failed", 503
+    elif backend is None:
+        return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": "1"})
+    else:
+        status, code = ("degraded" if backend.num_faults else "ok"), 200
+    body = {"status": status}
+    if tenant(request) is not None and status != "ok":
+        body |= _what_went_wrong(state)
+    return JSONResponse(body, status_code=code)
+
+
+def _what_went_wrong(state: ServerState) -> dict:
     backend = state.backend
     if backend is None:
-        return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": "1"})
-    if backend.failure is not None:
-        return JSONResponse({"status": "error", "error": repr(backend.failure)}, status_code=503)
-    if backend.num_faults:  # steps that failed: their requests got errors, the others went on
-        return JSONResponse({"status": "degraded", "faults": backend.num_faults, "last_fault": backend.last_fault})
-    return JSONResponse({"status": "ok"})
+        return {"error": state.load_error}
+    failure = backend.failure
+    return {"faults": backend.num_faults, "last_fault": backend.last_fault,
+            "error": None if failure is None else f"{type(failure).__name__}: {failure}"}
 
 
 @router.get("/v1/models")
@@ -109,8 +124,12 @@ async def tokenizer_info(request: Request) -> dict:
 
 @router.post("/detokenize")
 async def detokenize(request: Request) -> dict:
-    state = _state(request)
-    req = parse_body(DetokenizeRequest, await request.body())
+    return await run_in_threadpool(_detokenize, _state(request), await request.body())
+
+
+def _detokenize(state: ServerState, body: bytes) -> dict:
+    """Parsing a list of up to 16 contexts of ids and decoding them: on a worker thread."""
+    req = parse_body(DetokenizeRequest, body)
     check_model(req.model, state.served_model_name)
     front = state.front
     vocab = front.tokenizer.vocab_size
@@ -143,9 +162,10 @@ class LoadWeightsRequest(BaseModel):
 
 @router.post("/v1/load_weights")
 async def load_weights(request: Request) -> dict:
-    """Replace the weights in place (docs/hf-checkpoints.md): off unless --allow-weight-updates;
-    behind the API key like every route. Requests admitted before the swap finish on the old
-    weights; a checkpoint that cannot replace them is a 400 and the old weights keep serving."""
+    """Replace the weights in place (docs/hf-checkpoints.md): off unless --allow-weight-updates,
+    which needs an API key; only under --weights-root. Requests admitted before the swap finish
+    on the old weights; a checkpoint that cannot replace them is a 400 and the old weights keep
+    serving."""
     state = _state(request)
     if not state.config.allow_weight_updates:
         raise APIError(403, "weight updates are off: start the server with --allow-weight-updates",
@@ -158,13 +178,14 @@ async def load_weights(request: Request) -> dict:
     req = parse_body(LoadWeightsRequest, await request.body())
     if not req.path.strip():
         raise APIError(400, "'path' is empty", param="path")
+    # Resolving stats files: off the event loop, as a slow disk must not stall every stream.
+    path = await run_in_threadpool(weights_path, state.weights_root, req.path)
     try:
-        swap = await backend.load_weights(Path(req.path))
-    except Exception as e:
-        message = load_error_message(e)
-        if message is None:
-            raise
-        raise APIError(400, f"'path' cannot replace the served weights: {message}", param="path") from None
+        swap = await backend.load_weights(path)
+    except ModelLoadError as e:
+        raise APIError(400, f"'path' cannot replace the served weights: {e}", param="path") from None
+    except OSError:  # a file could not be opened: said as every other file system state is
+        raise not_loadable(req.path) from None
     info = backend.engine.info()
     return {"object": "load_weights", "path": info["model_path"], "model_sha256": info["model_sha256"],
             "numerics_id": numerics_id(info), "load_s": round(swap.load_s, 4), "drain_s": round(swap.drain_s, 4),

@@ -7,9 +7,9 @@ from starlette.concurrency import run_in_threadpool
 from batchproof.server.auth import tenant
 from batchproof.server.errors import APIError
 from batchproof.server.formatting.chat import ChatFormatter
-from batchproof.server.messages import chat_prompt_ids
+from batchproof.server.messages import chat_prompt_ids, check_messages
 from batchproof.server.plan import Plan, Wanted, check_model, logprobs_label, plan_request
-from batchproof.server.protocol import ChatCompletionRequest
+from batchproof.server.protocol import ChatCompletionRequest, check_metadata
 from batchproof.server.serving import reply, submit
 from batchproof.server.state import ServerState, parse_body
 from batchproof.server.structured import request_constraint
@@ -33,8 +33,12 @@ def plan_chat(req: ChatCompletionRequest, state: ServerState, key_id: str | None
     if req.top_logprobs is not None and req.logprobs is not True:
         raise APIError(400, f"'top_logprobs' ({req.top_logprobs}) requires 'logprobs' to be true, "
                             f"got 'logprobs': {req.logprobs}", param="top_logprobs")
+    check_metadata(req.metadata)
     client = state.client
     front = client.front
+    # Every count first, each before the work it bounds: messages before rendering, tools (in
+    # plan_tools) before their grammar compiles.
+    check_messages(front, req.messages)
     tool_plan = plan_tools(req, front.chat_template, front.tokenizer)
     prompt_ids = chat_prompt_ids(client, req.messages, tool_plan)
     max_tokens, name = ((req.max_completion_tokens, "max_completion_tokens") if req.max_completion_tokens is not None

@@ -13,11 +13,12 @@ from batchproof.server.plan import (
     Plan,
     Wanted,
     check_model,
+    check_sequences,
     check_text_fits,
     logprobs_label,
     plan_request,
 )
-from batchproof.server.protocol import CompletionRequest
+from batchproof.server.protocol import CompletionRequest, check_metadata
 from batchproof.server.serving import reply, submit
 from batchproof.server.state import ServerState, parse_body
 from batchproof.server.structured import request_constraint
@@ -34,6 +35,7 @@ def _prompts(req: CompletionRequest, state: ServerState) -> list[list[int]]:
         prompt = [prompt]
     if not prompt:
         raise APIError(400, "'prompt' must not be empty, got []", param="prompt")
+    check_sequences(len(prompt), req.n, state.limits)  # before any prompt is tokenized
     front = state.front
     tokenizer = front.tokenizer
     prompts = []
@@ -61,6 +63,7 @@ def _plan(body: bytes, state: ServerState, key_id: str | None) -> tuple[Completi
     """Parse and tokenize: on a worker thread (a maximal body takes seconds)."""
     req = parse_body(CompletionRequest, body)
     check_model(req.model, state.served_model_name)
+    check_metadata(req.metadata)
     prompts = _prompts(req, state)
     if req.max_tokens == 0 and not req.echo:
         raise APIError(400, "'max_tokens' 0 is only allowed with 'echo': true (prompt scoring)", param="max_tokens")

@@ -11,7 +11,7 @@ from starlette.concurrency import run_in_threadpool
 from batchproof.server.auth import tenant
 from batchproof.server.errors import APIError, shown
 from batchproof.server.plan import Plan, logprobs_label
-from batchproof.server.protocol import ChatCompletionRequest
+from batchproof.server.protocol import ChatCompletionRequest, check_metadata
 from batchproof.server.responses.formatter import ResponsesFormatter
 from batchproof.server.responses.protocol import ResponsesRequest
 from batchproof.server.responses.translate import Message, chat_request, input_messages, renamed
@@ -29,16 +29,27 @@ def _not_found(response_id: str, param: str) -> APIError:
                     code="previous_response_not_found" if param == "previous_response_id" else "not_found")
 
 
+def _check_num_items(num_items: int, state: ServerState) -> None:
+    """Before each item is validated and translated: each (a message, a call, a call's result)
+    costs at least one token of the context, as a chat message does."""
+    most = state.front.max_model_len
+    if num_items > most:
+        raise APIError(400, f"'input' (with the stored conversation it continues) holds {num_items} items; at most "
+                            f"{most} fit this model's context (each costs at least one token)", param="input")
+
+
 def _plan(body: bytes, state: ServerState, key_id: str | None
           ) -> tuple[ResponsesRequest, ChatCompletionRequest, Plan, ToolPlan | None, list[Message]]:
     """Parse, translate, render and tokenize: on a worker thread, as the chat route does."""
     req = parse_body(ResponsesRequest, body)
+    check_metadata(req.metadata)  # kept with the response: bounded before anything else
     history: list[Message] = []
     if req.previous_response_id is not None:
         stored = state.responses.get(key_id, req.previous_response_id)
         if stored is None:
             raise _not_found(req.previous_response_id, "previous_response_id")
         history = stored.conversation
+    _check_num_items(len(history) + (len(req.input) if isinstance(req.input, list) else 1), state)
     chat, conversation = chat_request(req, history)
     try:
         plan, tool_plan = plan_chat(chat, state, key_id)
@@ -87,7 +98,7 @@ async def get_response(request: Request, response_id: str) -> Response:
     stored = request.app.state.server.responses.get(tenant(request), response_id)
     if stored is None:
         raise _not_found(response_id, "response_id")
-    return JSONResponse(stored.response)
+    return Response(stored.response_json, media_type="application/json")  # the bytes held: no decode on the loop
 
 
 @router.delete("/v1/responses/{response_id}", response_model=None)

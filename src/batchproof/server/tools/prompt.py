@@ -16,6 +16,10 @@ from batchproof.server.protocol import ChatMessage
 from batchproof.server.tools.choice import ToolPlan
 
 TOOLS_PREAMBLE = "You can call these functions. Their definitions, as JSON:\n"
+# As deep as the request body itself may nest (pydantic's JSON parser stops near 200), so arguments
+# sent as text nest no deeper than a parameters schema could; far below Python's recursion limit,
+# which the template's tojson and json.dumps run under.
+MAX_ARGUMENTS_DEPTH = 200
 
 
 def check_roles(messages: list[ChatMessage]) -> None:
@@ -34,14 +38,32 @@ def check_roles(messages: list[ChatMessage]) -> None:
                                 "omit it)", param="messages")
 
 
+def _depth(value: Any) -> int:
+    """How deep lists and objects nest in a decoded JSON value (iterative: no recursion to blow)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
 def _arguments(where: str, text: str) -> dict[str, Any]:
+    too_deep = APIError(400, f"{where}.function.arguments nest deeper than {MAX_ARGUMENTS_DEPTH} levels",
+                        param="messages")
     try:
         arguments = json.loads(text)
+    except RecursionError:  # nesting deeper than Python's stack: json.loads recurses per level
+        raise too_deep from None
     except ValueError:
         arguments = None
     if not isinstance(arguments, dict):
         raise APIError(400, f"{where}.function.arguments must be a JSON object as text, got {text[:80]!r}",
                        param="messages")
+    # The brackets bound the depth, so most arguments never need the walk.
+    if text.count("[") + text.count("{") > MAX_ARGUMENTS_DEPTH and _depth(arguments) > MAX_ARGUMENTS_DEPTH:
+        raise too_deep
     return arguments
 
 
@@ -69,19 +91,23 @@ def _native(messages: list[ChatMessage]) -> list[dict[str, Any]]:
 def _spelled(messages: list[ChatMessage], tool_plan: ToolPlan | None) -> list[dict[str, Any]]:
     names = _call_names(messages)
     dicts: list[dict[str, Any]] = []
+    # Consecutive results (parallel calls') make one user turn, joined once at its end: adding
+    # each to the turn's text would copy the growing text every time (quadratic in their number).
+    results: list[str] = []
     for i, message in enumerate(messages):
         one: dict[str, Any] = message.for_template()
+        if message.role == "tool":
+            name = names.get(message.tool_call_id, "a function")
+            results.append(f"Result of {name} (call {message.tool_call_id}):\n{one['content']}")
+            if i + 1 == len(messages) or messages[i + 1].role != "tool":
+                dicts.append({"role": "user", "content": "\n\n".join(results)})
+                results = []
+            continue
         if message.tool_calls:
             calls = [{"name": c.function.name, "arguments": _arguments(f"messages.{i}.tool_calls.{j}",
                                                                        c.function.arguments)}
                      for j, c in enumerate(message.tool_calls)]
             one["content"] = "\n".join(filter(None, [one["content"], json.dumps(calls, ensure_ascii=False)]))
-        if message.role == "tool":
-            name = names.get(message.tool_call_id, "a function")
-            one = {"role": "user", "content": f"Result of {name} (call {message.tool_call_id}):\n{one['content']}"}
-            if i and messages[i - 1].role == "tool":  # parallel calls' results: one turn
-                dicts[-1]["content"] += "\n\n" + one["content"]
-                continue
         dicts.append(one)
     if tool_plan is not None and tool_plan.makes_calls:
         described = TOOLS_PREAMBLE + json.dumps(tool_plan.tools, ensure_ascii=False)
