@@ -9,16 +9,19 @@ from setuptools import Extension, setup
 compile_args = ["-O3", "-fopenmp", "-ffp-contract=off", "-fno-math-errno"]
 if platform.system() == "Darwin":
     compile_args.remove("-fopenmp")
-OPS = "src/batchproof/engine/model/ops"  # the C files, one family of kernels each; kernels.h declares them all
+# The C files, one family of kernels each (a kernel's twin per instruction set in a file of its
+# own, name_avx2.c); kernels.h declares them all.
+OPS = "src/batchproof/engine/model/ops"
 
 setup(
     ext_modules=[
         Extension(
             "batchproof.engine.model.ops._kernels",
             sources=[f"{OPS}/{name}.c" for name in ("isa", "matmul", "elementwise", "logprobs", "attention", "peak",
-                                                     "quant_dequant", "quant_tiles", "quant_linear", "layers",
-                                                     "module")],
-            depends=[f"{OPS}/{name}.h" for name in ("kernels", "lanes", "exp_poly", "quant")],
+                                                     "quant_dequant", "quant_dequant_avx2", "quant_tiles",
+                                                     "quant_tiles_avx2", "quant_tiles_avx512", "quant_linear",
+                                                     "layers", "module")],
+            depends=[f"{OPS}/{name}.h" for name in ("kernels", "lanes", "exp_poly", "quant", "quant_tiles")],
             extra_compile_args=compile_args,
             extra_link_args=["-fopenmp"] if "-fopenmp" in compile_args else [],
             optional=True,  # without a compiler the engine falls back to padded torch matmuls

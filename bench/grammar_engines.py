@@ -15,9 +15,10 @@ from pathlib import Path
 
 import torch
 
-from batchproof.engine.model.gguf_file import read_model_header
+from batchproof.engine.model.gguf.file import read_model_header
+from batchproof.engine.model.gguf.tokenizer import gguf_tokenizer
 from batchproof.engine.model.known_models import resolve_model
-from batchproof.engine.tokenizer import Tokenizer
+from batchproof.engine.text.tokenizer import Tokenizer
 
 SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string", "pattern": "^[A-Z][a-z]{1,11}$"}, "kind": {"enum": ["cat", "dog", "fish"]},
@@ -40,7 +41,7 @@ FEATURES = {
 
 def our_tokens(model: str) -> Tokenizer:
     metadata, _ = read_model_header(resolve_model(Path(model) if model else None))
-    return Tokenizer(metadata)
+    return gguf_tokenizer(metadata)
 
 
 class Llguidance:

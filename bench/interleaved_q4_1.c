@@ -4,7 +4,7 @@
  * it, checks its outputs against the library's bit for bit, and times both.
  *
  * Why: on a Zen 1 every 8-lane instruction costs about an FMA's time, and the register path
- * (quant_tiles.c) pays, besides each weight's unpacking, two broadcasts per block and row for
+ * (quant_tiles.h) pays, besides each weight's unpacking, two broadcasts per block and row for
  * the f16 scales d and m, through the conversion table. Here the 8 rows' scales are one
  * vector load each (converted to float once, at repacking), and x is broadcast once per k
  * for all 8 rows (precomputed, a memory operand of the FMA).

@@ -21,7 +21,7 @@ from gguf import GGMLQuantizationType
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from batchproof.engine.model.ops.library import load_library  # noqa: E402
+from batchproof.engine.model.ops.abi import load_library  # noqa: E402
 from tests.helpers.quant_blocks import random_blocks  # noqa: E402
 
 Q4_1 = int(GGMLQuantizationType.Q4_1)

@@ -1,5 +1,5 @@
 /* What one weight costs on this CPU, step by step, for a single-row decode's exact matmul
- * (quant_tiles.c): the FMA that uses the weight alone, then with the unpacking of its 4-bit
+ * (quant_tiles.h): the FMA that uses the weight alone, then with the unpacking of its 4-bit
  * quant, its conversion to float, and the FMA that makes it d * q + m (Q4_1). Each loop keeps
  * 8 independent accumulators (latency hidden) and its operands in L1, so what it measures is
  * the CPU's instruction throughput, not memory.

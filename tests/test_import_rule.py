@@ -216,11 +216,11 @@ def test_the_cycle_rule_can_fail():
         "if TYPE_CHECKING:\n"
         "    from batchproof.engine.engine import Engine\n"
         "else:\n"
-        "    import batchproof.probe.stream\n"
+        "    import batchproof.probe.wire.stream\n"
         "def f():\n"
         "    from batchproof.server.app import create_app\n"
     )
-    assert edges_in(code) == {"common.net", "probe.stream", "server.app"}
+    assert edges_in(code) == {"common.net", "probe.wire.stream", "server.app"}
 
 
 def run_blocking(blocked: tuple[str, ...], code: str) -> str:

@@ -51,7 +51,11 @@ def test_every_mode_is_bitwise_and_admissible(server, tmp_path, contract, capsys
     assert len(witness["references"]) == (4 if mode else 1)
     assert all(r["stable"] and r["logprobs_bitwise_equal"] for r in witness["references"])
     for band in witness["bands"]:
-        assert band["result"] == "PASS" and band["m_formed"] == band["c"]
+        # How many of a burst's requests met in one batch is the machine's timing (a loaded CI run
+        # formed 3 of 4, every bit still equal); batch formation is tested where it is controlled.
+        # Here: the batch the band saw was measured, and is no larger than the band.
+        assert band["result"] == "PASS" and band["m_formed_source"] is not None
+        assert 1 <= band["m_formed"] <= band["c"]
         assert band["divergence_at"] == 16 and band["logprobs_bitwise_equal"] is True
         assert band["logprob_max_abs_diff"] == 0.0 and band["decode_tok_s"] > 0
         assert [s["divergence_at"] for s in band["slots"]] == [16] * band["c"]

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from batchproof.engine.chat_formats import BUILTIN_FORMATS, choose_chat_template
-from batchproof.engine.model.gguf_file import ModelLoadError
+from batchproof.engine.model.errors import ModelLoadError
+from batchproof.engine.text.chat_formats import BUILTIN_FORMATS, choose_chat_template
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
             {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"}]

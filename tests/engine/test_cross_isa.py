@@ -15,9 +15,9 @@ import pytest
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from batchproof.engine.cache.kv_cache import KVCache
 from batchproof.engine.config import EngineConfig
 from batchproof.engine.engine import Engine
-from batchproof.engine.kv_cache import KVCache
 from batchproof.engine.model.ops import kernels
 from batchproof.engine.model.transformer import Segment
 from batchproof.engine.model.weights import RawTensor, quant_weight

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from batchproof.engine.cache.kv_cache import KVCache
 from batchproof.engine.engine import Engine
-from batchproof.engine.kv_cache import KVCache
 from batchproof.engine.logprobs import TokenRecord
 from batchproof.engine.model.transformer import Segment
 from batchproof.engine.sampling_params import SamplingParams

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
+from batchproof.engine.cache.kv_cache import KVCache
 from batchproof.engine.config import EngineConfig
 from batchproof.engine.engine import Engine
-from batchproof.engine.kv_cache import KVCache
-from batchproof.engine.model.gguf_file import ModelLoadError
+from batchproof.engine.model.errors import ModelLoadError
 from batchproof.engine.model.ops import KernelOps, TorchOps
 from batchproof.engine.model.transformer import Segment
 from batchproof.engine.sampling_params import SamplingParams

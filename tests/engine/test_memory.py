@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from batchproof.common.proc_status import status_mb
+from batchproof.engine.cache.kv_cache import KVCache
+from batchproof.engine.cache.prefix_cache import Block, PrefixCache
 from batchproof.engine.config import EngineConfig
 from batchproof.engine.engine import Engine
-from batchproof.engine.kv_cache import KVCache
-from batchproof.engine.model.gguf_file import read_model_file
+from batchproof.engine.model.gguf.file import read_model_file
 from batchproof.engine.model.known_models import resolve_model
 from batchproof.engine.model.ops import kernels
 from batchproof.engine.model.weights import RawTensor
-from batchproof.engine.prefix_cache import Block, PrefixCache
 from batchproof.engine.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise semantics are Linux's")

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from batchproof.engine.model.gguf_file import ModelLoadError, read_model_file
+from batchproof.engine.model.errors import ModelLoadError
+from batchproof.engine.model.gguf.file import read_model_file
 from tests.helpers.tiny_gguf import TinySpec, file_weights, write_tiny_gguf
 
 Q = gguf.GGMLQuantizationType
@@ -151,7 +152,7 @@ def test_every_truncation_is_one_line_naming_the_file(tiny_bytes, tmp_path: Path
 def test_our_header_reader_gives_what_gguf_py_gives(tmp_path: Path) -> None:
     """Metadata values and tensor bytes equal gguf-py's GGUFReader on the default model and a tiny file."""
     from batchproof.engine.model.default_model import default_model_path
-    from batchproof.engine.model.gguf_reader import read_gguf
+    from batchproof.engine.model.gguf.reader import read_gguf
 
     tiny = tmp_path / "tiny.gguf"
     write_tiny_gguf(tiny, TinySpec(num_layers=1))

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from batchproof.engine.kv_cache import KVCache
+from batchproof.engine.cache.kv_cache import KVCache
 from batchproof.engine.model.ops import HeadLayout, KernelOps, RopeTables, TorchOps, kernels
 
 VOCAB = 49_152  # the default model's: the normaliser's chunking matters at this size

@@ -10,10 +10,10 @@ Two engines on the real default model: `warm` keeps a cache across the module's 
 import pytest
 import torch
 
+from batchproof.engine.cache.prefix_cache import Block, PrefixCache
 from batchproof.engine.config import EngineConfig
 from batchproof.engine.engine import Engine
 from batchproof.engine.model.ops import kernels
-from batchproof.engine.prefix_cache import Block, PrefixCache
 from batchproof.engine.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="the cache needs our kernels")

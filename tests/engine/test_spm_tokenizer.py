@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from batchproof.engine.model.gguf_reader import read_gguf
-from batchproof.engine.tokenizer import Tokenizer
+from batchproof.engine.model.gguf.reader import read_gguf
+from batchproof.engine.model.gguf.tokenizer import gguf_tokenizer
+from batchproof.engine.text.tokenizer import Tokenizer
 from tests.helpers.tiny_spm import write_tiny_spm_gguf
 
 # transformers 5.24's AutoTokenizer.from_pretrained(dir, gguf_file=...) on write_tiny_spm_gguf's
@@ -31,7 +32,7 @@ HF_IDS = {
 def tokenizer(tmp_path: Path, add_space_prefix: bool = True) -> Tokenizer:
     path = tmp_path / f"spm-{add_space_prefix}.gguf"
     write_tiny_spm_gguf(path, add_space_prefix)
-    return Tokenizer(read_gguf(path)[0])
+    return gguf_tokenizer(read_gguf(path)[0])
 
 
 @pytest.fixture(scope="module")

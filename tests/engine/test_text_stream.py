@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchproof.engine.logprobs import TokenRecord
-from batchproof.engine.text_stream import TextDelta, TextStream
+from batchproof.engine.text.text_stream import TextDelta, TextStream
 
 # Tokens of the real vocabulary that carry only part of a UTF-8 character, and whole ones.
 PARTIAL_IDS = [10813, 232, 227, 235, 119, 173, 247, 114, 23274, 115, 31752, 321, 231, 15107, 244, 218]

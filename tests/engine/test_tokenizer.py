@@ -7,9 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchproof.engine.chat_formats import choose_chat_template
-from batchproof.engine.model.gguf_file import ModelLoadError, read_model_file
-from batchproof.engine.tokenizer import PackedBytes, Tokenizer
+from batchproof.engine.model.errors import ModelLoadError
+from batchproof.engine.model.gguf.file import read_model_file
+from batchproof.engine.model.gguf.tokenizer import gguf_tokenizer
+from batchproof.engine.text.chat_formats import choose_chat_template
+from batchproof.engine.text.tokenizer import PackedBytes, Tokenizer
 from tests.helpers.tiny_gguf import TinySpec, token_id, write_tiny_gguf
 
 REFERENCE = json.loads((Path(__file__).parent / "reference" / "hf_reference.json").read_text())
@@ -137,7 +139,7 @@ def tiny_metadata(tmp_path_factory) -> dict:
 
 
 def test_tiny_merges_apply_in_rank_order(tiny_metadata: dict) -> None:
-    tok = Tokenizer(tiny_metadata)
+    tok = gguf_tokenizer(tiny_metadata)
     assert tok.encode("hello the and") == [token_id("hell"), ord("o"), token_id("Ġthe"), token_id("Ġand")]
     assert tok.encode("and") == [ord("a"), ord("n"), ord("d")], "no merge for 'a n' without the space"
     assert tok.encode("x<|im_end|>") == [ord("x"), token_id("<|im_end|>")]
@@ -150,7 +152,7 @@ def test_tiny_merges_apply_in_rank_order(tiny_metadata: dict) -> None:
     ("qwen2", [token_id("ĊĊ")]),  # Qwen's \s*[\r\n]+ keeps the newline run whole
 ])
 def test_the_pre_tokenizer_follows_tokenizer_ggml_pre(tiny_metadata: dict, pre: str, expected: list[int]) -> None:
-    tok = Tokenizer(tiny_metadata | {"tokenizer.ggml.pre": pre})
+    tok = gguf_tokenizer(tiny_metadata | {"tokenizer.ggml.pre": pre})
     assert tok.encode("\n\nand") == expected + [ord("a"), ord("n"), ord("d")]
 
 

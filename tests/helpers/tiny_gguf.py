@@ -13,7 +13,7 @@ import gguf
 import numpy as np
 import torch
 
-from batchproof.engine.tokenizer import bytes_to_unicode
+from batchproof.engine.text.tokenizer import bytes_to_unicode
 from tests.helpers import tiny_spm
 from tests.helpers.quant_blocks import SCALE_OFFSETS, random_blocks
 

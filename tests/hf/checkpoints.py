@@ -10,7 +10,7 @@ import torch
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
 from tokenizers import Tokenizer as HFTokenizer
 
-from batchproof.engine.tokenizer import QWEN2_PATTERN
+from batchproof.engine.model.gguf.tokenizer import QWEN2_PATTERN
 from tests.helpers import tiny_gguf, tiny_spm
 
 # One small config per architecture (transformers' own classes fill in the rest). Gemma 3's 7

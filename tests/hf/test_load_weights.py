@@ -12,7 +12,7 @@ import pytest
 
 from batchproof.engine.config import EngineConfig
 from batchproof.engine.engine import Engine
-from batchproof.engine.model.hf_checkpoint import checkpoint_sha256
+from batchproof.engine.model.hf.checkpoint import checkpoint_sha256
 from tests.helpers.http import assert_error, parse_sse
 from tests.helpers.live_server import live_server
 

@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from batchproof.engine.config import EngineConfig
 from batchproof.engine.engine import Engine
-from batchproof.engine.model.gguf_file import ModelLoadError
+from batchproof.engine.model.errors import ModelLoadError
 
 
 def _edit_config(**changes) -> Callable[[Path], None]:

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from batchproof.probe.fields import named_fields, next_drop
-from batchproof.probe.stream import StreamResult
+from batchproof.probe.records.reply import StreamResult
+from batchproof.probe.wire.droppable_fields import named_fields, next_drop
 from tests.helpers.probe_check import judge_probe_witness
 from tests.helpers.quirky_server import Quirks, QuirkyServer
 from tests.helpers.scripted_server import Script, run_probe

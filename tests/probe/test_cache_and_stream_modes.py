@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from batchproof.probe.cache import CUT_SHARES, SYSTEM_PROMPT, cache_cases
+from batchproof.probe.judge.cache import CUT_SHARES, SYSTEM_PROMPT, cache_cases
 from tests.helpers.probe_check import judge_probe_witness
 from tests.helpers.quirky_server import Quirks, QuirkyServer
 from tests.helpers.scripted_server import run_probe
@@ -108,9 +108,9 @@ def test_the_modes_do_not_combine_with_a_fleet(tmp_path: Path, flag: str, capsys
 def test_a_warm_slot_the_cache_served_nothing_new_is_not_blamed_on_it() -> None:
     """llama-server with cache_prompt false: 0 cached tokens, and a band of long prompts still parts
     from the cold run. The difference is recorded, but not as the cache's."""
-    from batchproof.probe.cache import cache_record, judge_case
-    from batchproof.probe.entry import parse_entry
-    from batchproof.probe.stream import StreamResult
+    from batchproof.probe.judge.cache import cache_record, judge_case
+    from batchproof.probe.records.entry import parse_entry
+    from batchproof.probe.records.reply import StreamResult
 
     def reply(logprob: float, cached: int | None) -> StreamResult:
         entry = parse_entry({"token": "a", "logprob": logprob, "bytes": [97], "top_logprobs": []})
@@ -133,7 +133,7 @@ def test_a_plain_band_that_was_not_judged_pass_is_named_for_what_it_was() -> Non
     from dataclasses import replace
 
     from batchproof.common.band import Band
-    from batchproof.probe.pair import band_noise
+    from batchproof.probe.judge.pair import band_noise
 
     slot = {"divergence_at": 16, "completion_tokens": 16}
     band = Band(c=4, result="UNMEASURABLE", logprobs_bitwise_equal=True, slots=[slot] * 4)

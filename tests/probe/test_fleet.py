@@ -3,8 +3,7 @@ cross-replica comparison, the verdict and its witness section."""
 
 import pytest
 
-from batchproof.probe.entry import Entry
-from batchproof.probe.fleet import (
+from batchproof.probe.judge.fleet import (
     NO_HEADER,
     Listed,
     Reply,
@@ -18,6 +17,7 @@ from batchproof.probe.fleet import (
     representatives,
     with_fleet,
 )
+from batchproof.probe.records.entry import Entry
 
 
 def entries(n: int = 8, **changes: tuple[int, Entry]) -> list[Entry]:

@@ -1,10 +1,10 @@
 """A band on a fleet: each slot against its own replica's m=1 reply; only slots of one replica
 compared with each other."""
 
-from batchproof.probe.fleet_band import judge_fleet_band, within_replicas
-from batchproof.probe.mixed_verdict import Reference
+from batchproof.probe.judge.fleet_band import judge_fleet_band, within_replicas
+from batchproof.probe.judge.mixed_verdict import Reference
+from batchproof.probe.judge.verdict import Policy, Sample
 from batchproof.probe.mode import Mode
-from batchproof.probe.verdict import Policy, Sample
 
 POLICY = Policy(n_predict=8, declared_min=4, max_constant_run=3)
 A = [f"a{i}" for i in range(8)]

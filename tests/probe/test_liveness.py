@@ -2,7 +2,7 @@
 
 import pytest
 
-from batchproof.probe.liveness import bursts, observe, stream_mode
+from batchproof.probe.records.liveness import bursts, observe, stream_mode
 
 
 def test_arrivals_closer_than_a_millisecond_are_one_burst() -> None:

@@ -1,6 +1,6 @@
 """Logprob parity over the agreeing prefix: exact zero for a batch-invariant server."""
 
-from batchproof.probe.logprob_parity import UNMEASURED, LogprobParity, combine, compare
+from batchproof.probe.judge.logprob_parity import UNMEASURED, LogprobParity, combine, compare
 
 REF = [(-0.1, -0.1, -2.0), (-0.5, -0.5, -1.0), (-0.2, -0.2, -3.0)]
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from batchproof.probe.m_formed import busy_slots, choose, max_batch_in_log, max_by_replica
-from batchproof.probe.prometheus import (
+from batchproof.probe.wire.m_formed import busy_slots, choose, max_batch_in_log, max_by_replica
+from batchproof.probe.wire.prometheus import (
     Histogram,
     find_histogram,
     gauge,

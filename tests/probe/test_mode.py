@@ -1,9 +1,9 @@
 """The probe's mode, chosen once from --mixed and --fleet: what each answers the run."""
 
 from batchproof.common.band import Band
-from batchproof.probe.fleet import Listed
+from batchproof.probe.judge.fleet import Listed
 from batchproof.probe.mode import Fleet, Identical, Mixed, Mode, OneServer
-from batchproof.probe.stream import StreamResult
+from batchproof.probe.records.reply import StreamResult
 
 PROMPTS = ("p0", "p1", "p2", "p3", "p4")
 

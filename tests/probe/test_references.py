@@ -1,7 +1,7 @@
 """The m=1 references: several runs judged together, labelled per prompt and replica."""
 
-from batchproof.probe.references import combined, judge_runs
-from batchproof.probe.verdict import Policy, ReferenceJudgement, Sample
+from batchproof.probe.judge.references import combined, judge_runs
+from batchproof.probe.judge.verdict import Policy, ReferenceJudgement, Sample
 
 POLICY = Policy(n_predict=8, declared_min=4, max_constant_run=3)
 WORDS = [f"w{i}" for i in range(8)]

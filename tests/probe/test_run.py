@@ -66,7 +66,8 @@ def test_a_clean_ladder_passes_with_m_formed_from_the_log(tmp_path: Path, log: P
         assert list(band) == BAND_KEYS
         assert (band["result"], band["divergence_at"], band["intra_agree_to"]) == ("PASS", 12, 12)
         assert band["reason"] is None and band["max_constant_run_declared"] == 4
-        assert band["decode_tok_s"] > 0 and len(band["slots"]) == band["c"]
+        # A rate only where the chunks arrived spread out, which a busy machine decides (None: one burst).
+        assert (band["decode_tok_s"] is None or band["decode_tok_s"] > 0) and len(band["slots"]) == band["c"]
         assert all(list(s) == SLOT_KEYS and s["refused"] is None for s in band["slots"])
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "batchproof probe: PASS (declared_min 6, n_predict 12)"

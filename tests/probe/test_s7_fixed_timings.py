@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from batchproof.probe.verdict import band_rate, decode_rate
+from batchproof.probe.judge.verdict import band_rate
+from batchproof.probe.records.liveness import decode_rate
 from tests.helpers.check_support import C1, C4, check_witness, control
 
 

@@ -3,8 +3,9 @@
 import httpx
 import pytest
 
-from batchproof.probe.entry import EntryError, parse_entry
-from batchproof.probe.stream import StreamError, StreamResult, replica_of
+from batchproof.probe.records.entry import EntryError, parse_entry
+from batchproof.probe.records.reply import StreamError, StreamResult
+from batchproof.probe.wire.stream import replica_of
 
 OURS = {
     "token": " hi",
@@ -154,7 +155,7 @@ def test_content_without_any_logprob_entry_is_a_fail_open() -> None:
 def test_a_reply_to_a_request_without_logprobs_is_no_fail_open() -> None:
     """A speed bench's plain request asks for no logprobs: its reply carries none, and is fine
     (`batchproof bench` over HTTP stopped on every server before this)."""
-    from batchproof.probe.stream import asks_logprobs
+    from batchproof.probe.wire.stream import asks_logprobs
 
     assert not asks_logprobs({"messages": [], "stream": True}) and not asks_logprobs({"logprobs": False})
     assert asks_logprobs({"logprobs": True}) and asks_logprobs({"logprobs": 0})  # chat; the legacy count
@@ -167,7 +168,7 @@ def test_a_reply_to_a_request_without_logprobs_is_no_fail_open() -> None:
 
 
 def test_cached_tokens_are_read_from_usage_or_llamacpp_timings() -> None:
-    from batchproof.probe.stream import cached_tokens
+    from batchproof.probe.records.reply import cached_tokens
 
     assert cached_tokens({"usage": {"prompt_tokens_details": {"cached_tokens": 48}}}) == 48
     assert cached_tokens({"timings": {"cache_n": 17}}) == 17
@@ -180,7 +181,7 @@ def test_cached_tokens_are_read_from_usage_or_llamacpp_timings() -> None:
 
 
 def test_a_whole_reply_is_read_like_a_stream() -> None:
-    from batchproof.probe.stream import read_whole, unstreamed_body
+    from batchproof.probe.wire.stream import read_whole, unstreamed_body
 
     assert unstreamed_body({"stream": True, "stream_options": {"include_usage": True}, "seed": 0}) == {
         "seed": 0, "stream": False}
@@ -196,7 +197,7 @@ def test_a_whole_reply_is_read_like_a_stream() -> None:
 def test_responses_events_and_a_whole_response_read_alike() -> None:
     """The Responses API: text and entries from output_text.delta, the end and usage (cached tokens
     included) from response.incomplete; the whole `response` object reads the same."""
-    from batchproof.probe.stream import read_whole
+    from batchproof.probe.wire.stream import read_whole
 
     usage = {"input_tokens": 9, "output_tokens": 2, "input_tokens_details": {"cached_tokens": 8}}
     part = {"type": "output_text", "text": " hi hi", "logprobs": [OURS, OURS]}

@@ -6,13 +6,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batchproof.probe.entry import top2_margin
-from batchproof.probe.verdict import (
+from batchproof.probe.judge.verdict import (
     Policy,
     Sample,
     agreement,
     band_rate,
-    decode_rate,
     intern,
     judge_band,
     judge_reference,
@@ -21,6 +19,8 @@ from batchproof.probe.verdict import (
     refusal,
     run_verdict,
 )
+from batchproof.probe.records.entry import top2_margin
+from batchproof.probe.records.liveness import decode_rate
 
 POLICY = Policy(n_predict=8, declared_min=4, max_constant_run=3)
 WORDS = [f"w{i}" for i in range(8)]

@@ -13,7 +13,7 @@ import torch
 
 from batchproof.engine.outputs import OutputProcessor
 from batchproof.engine.runner import ModelRunner
-from batchproof.engine.text_stream import TextDelta
+from batchproof.engine.text.text_stream import TextDelta
 from tests.helpers.http import ASCII_PROMPT, assert_error, chat_body, parse_sse, post, stream, streamed_chat
 
 CHAT = "/v1/chat/completions"

@@ -8,11 +8,13 @@ import shutil
 import httpx
 import pytest
 
-import batchproof.engine.engine as engine_module
 from batchproof.common.config import ConfigError
 from batchproof.common.hashing import file_sha256
-from batchproof.engine.model import hf_checkpoint, model_source
-from batchproof.engine.model.gguf_file import ModelLoadError
+from batchproof.engine.model import source
+from batchproof.engine.model.errors import ModelLoadError
+from batchproof.engine.model.gguf import source as gguf_source
+from batchproof.engine.model.gguf.source import GGUFSource
+from batchproof.engine.model.hf import checkpoint as hf_checkpoint
 from batchproof.server.config import ServerConfig
 from tests.helpers.http import assert_error
 from tests.helpers.live_server import live_server
@@ -63,7 +65,7 @@ def test_a_file_that_cannot_be_opened_reads_as_one_that_is_missing(engine, root,
             raise PermissionError(13, "Permission denied", str(path))
         return real_open(path, *args, **kwargs)
 
-    monkeypatch.setattr(model_source.os, "open", open_denied)
+    monkeypatch.setattr(source.os, "open", open_denied)
     with live_server(engine, allow_weight_updates=True, api_key=KEY, weights_root=root) as live:
         denied = assert_error(_load(live.url, "locked.gguf"), 400, param="path")
         missing = assert_error(_load(live.url, "nothing.gguf"), 400, param="path")
@@ -74,9 +76,9 @@ def test_a_file_that_cannot_be_opened_reads_as_one_that_is_missing(engine, root,
 def test_a_file_that_is_not_a_model_is_never_hashed_nor_quoted(engine, root, monkeypatch) -> None:
     (root / "notes.gguf").write_bytes(SECRET)
     hashed = []
-    monkeypatch.setattr(model_source, "file_sha256", lambda path: hashed.append(path))
+    monkeypatch.setattr(gguf_source, "file_sha256", lambda path: hashed.append(path))
     monkeypatch.setattr(hf_checkpoint, "file_sha256", lambda path: hashed.append(path))
-    monkeypatch.setattr(model_source, "_fd_sha256", lambda fd: hashed.append(fd))
+    monkeypatch.setattr(source, "_fd_sha256", lambda fd: hashed.append(fd))
     with live_server(engine, allow_weight_updates=True, api_key=KEY, weights_root=root) as live:
         error = assert_error(_load(live.url, "notes.gguf"), 400, param="path", mentions=("notes.gguf",))
     assert "TOPS" not in error["message"] and "b'" not in error["message"]
@@ -98,13 +100,13 @@ def test_the_sha256_names_the_bytes_loaded(engine, root, monkeypatch) -> None:
         last = f.read(1)
         f.seek(-1, os.SEEK_END)
         f.write(bytes([last[0] ^ 1]))
-    read_model = engine_module.read_model
+    read = GGUFSource.read
 
-    def read_after_a_rename(path, *args):  # the trainer writes the next checkpoint over this one
+    def read_after_a_rename(self, *args):  # the trainer writes the next checkpoint over this one
         os.replace(other, served)
-        return read_model(path, *args)
+        return read(self, *args)
 
-    monkeypatch.setattr(engine_module, "read_model", read_after_a_rename)
+    monkeypatch.setattr(GGUFSource, "read", read_after_a_rename)
     with pytest.raises(ModelLoadError, match="changed while it was read"):
         engine.prepare_weights(served)
 

@@ -6,9 +6,9 @@ import dataclasses
 import httpx
 import pytest
 
-from batchproof.engine.chat_formats import choose_chat_template
 from batchproof.engine.config import EngineConfig
 from batchproof.engine.engine import Engine
+from batchproof.engine.text.chat_formats import choose_chat_template
 from tests.helpers.http import assert_error, post
 from tests.helpers.live_server import live_server
 from tests.helpers.tiny_gguf import TinySpec, write_tiny_gguf

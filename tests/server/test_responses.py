@@ -85,7 +85,9 @@ def test_items_and_instructions_are_the_chat_messages_they_mean(server, client) 
 
 def test_sixteen_conversations_equal_chat_streamed_and_not_alone_and_batched(server) -> None:
     """Each conversation alone through chat is the reference; through responses alone (whole, and
-    streamed for four), then 16 at once, whole and streamed."""
+    streamed for four), then 16 at once, whole and streamed. How many of the 16 met in one batch
+    is the machine's timing, so only the bits are judged here (batches are formed under control
+    in tests/engine/test_batch_invariance.py)."""
     client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=120)
     model = _model(server)
     fields = {"temperature": 0, "extra_body": {"ignore_eos": True}}
@@ -119,19 +121,11 @@ def test_sixteen_conversations_equal_chat_streamed_and_not_alone_and_batched(ser
         batched_streamed = await asyncio.gather(*(streamed(p) for p in PROMPTS))
         return alone, alone_whole, alone_streamed, list(batched_whole), list(batched_streamed)
 
-    num_batches = len(_batch_sizes(server))
     alone, alone_whole, alone_streamed, batched_whole, batched_streamed = asyncio.run(run())
     assert alone_whole == alone
     assert alone_streamed == alone[:4]
     assert batched_whole == alone
     assert batched_streamed == alone
-    assert max(_batch_sizes(server)[num_batches:]) > 1, "the responses never shared a batch"
-
-
-def _batch_sizes(server) -> list[int]:
-    """The size of every batch the server has logged so far, in order (`batch m=N done` lines)."""
-    lines = server.log_file.read_text().splitlines() if server.log_file.exists() else []
-    return [int(line.split("batch m=")[1].split()[0]) for line in lines if "batch m=" in line]
 
 
 def test_the_stream_sends_openais_events_in_order(server, client) -> None:

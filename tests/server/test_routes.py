@@ -4,6 +4,7 @@ and /openapi.json, each checked against the engine or another route."""
 import concurrent.futures
 import re
 import socket
+import threading
 
 import httpx
 import openai
@@ -16,6 +17,7 @@ from tests.helpers.http import ASCII_PROMPT, CJK_PROMPT, EMOJI_PROMPT, chat_body
 MODEL_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CHAT = "/v1/chat/completions"
+HANG_GUARD_S = 60
 
 
 def test_models_lists_the_served_model(server) -> None:
@@ -77,8 +79,21 @@ def test_metrics_count_requests_tokens_and_latencies(server) -> None:
     assert grew("batchproof_requests_total", route="/metrics", status="200") >= 1
 
 
-def test_metrics_batch_size_sees_requests_decoded_together(server) -> None:
-    assert wait_until(lambda: server.state.backend.num_running == 0)
+def test_metrics_batch_size_sees_requests_decoded_together(server, monkeypatch) -> None:
+    backend = server.state.backend
+    assert wait_until(lambda: backend.num_running == 0)
+    # Whether three requests sent at once meet in one batch is the machine's timing: the first
+    # is admitted only once the other two are queued behind it, so the engine takes all three
+    # before its first step, prefills them together and decodes them together.
+    add_request, all_queued = backend.engine.add_request, threading.Event()
+
+    def add_once_all_are_queued(*args, **kwargs):
+        if not all_queued.is_set():
+            assert wait_until(lambda: backend.num_waiting >= 2, timeout=HANG_GUARD_S)
+            all_queued.set()
+        return add_request(*args, **kwargs)
+
+    monkeypatch.setattr(backend.engine, "add_request", add_once_all_are_queued)
     before = _scrape(server)
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
         replies = list(pool.map(lambda _: post(server.url, CHAT, chat_body("hi", max_tokens=8, ignore_eos=True)),
@@ -90,9 +105,9 @@ def test_metrics_batch_size_sees_requests_decoded_together(server) -> None:
     after = _scrape(server)
     new_sum = _value(after, "batchproof_batch_size_sum") - _value(before, "batchproof_batch_size_sum")
     new_count = _value(after, "batchproof_batch_size_count") - _value(before, "batchproof_batch_size_count")
-    assert new_count >= 1 and new_sum > new_count  # some batch held more than one request
+    assert (new_count, new_sum) == (1, 3)  # one batch, of all three
     lines = server.log_file.read_text().splitlines()
-    assert any(re.search(r"batch m=[23] done in \d+ms", line) for line in lines)
+    assert any(re.search(r"batch m=3 done in \d+ms", line) for line in lines)
 
 
 @pytest.mark.parametrize("text", ["Hello, world!", "日本語 and 🎉", " leading space\nnew line",

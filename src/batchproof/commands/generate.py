@@ -28,7 +28,7 @@ def token_json(tokenizer, token_id: int) -> dict:
 def run(args: argparse.Namespace) -> int:
     from batchproof.engine.config import EngineConfig
     from batchproof.engine.engine import Engine
-    from batchproof.engine.load_errors import load_error_message
+    from batchproof.engine.model.errors import load_error_message
     from batchproof.engine.sampling_params import SamplingParams, SamplingParamsError
 
     try:

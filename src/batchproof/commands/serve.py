@@ -28,7 +28,7 @@ def configs(args: argparse.Namespace, command: str) -> tuple[ServerConfig, Engin
     except ConfigError as e:
         print(f"batchproof {command}: {e}", file=sys.stderr)
         return None
-    from batchproof.engine.load_errors import load_error_message
+    from batchproof.engine.model.errors import load_error_message
     from batchproof.engine.model.known_models import resolve_model
 
     try:

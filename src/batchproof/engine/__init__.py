@@ -1,5 +1,7 @@
-"""The engine: model files, tokenizer, chat template, forward pass and kernels, scheduler,
-sampler, logprobs. It never imports the server.
+"""The engine: the step loop here (scheduler, runner, sampler, logprobs, outputs); the model
+(model/: its facts, each format's reader, the forward pass and kernels), its text (text/:
+tokenizer, chat templates, the text stream) and its caches (cache/) below. It never imports
+the server.
 
 `from batchproof.engine import Engine, EngineConfig, SamplingParams` is the public face;
 the names load on first use, so reading the config (as the CLI does to build its flags)

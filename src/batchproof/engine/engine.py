@@ -9,26 +9,27 @@ from pathlib import Path
 
 import torch
 
+from batchproof.engine.cache.kv_cache import KVCache
+from batchproof.engine.cache.prefix_cache import PrefixCache
+from batchproof.engine.cache.prefix_reuse import PrefixReuse
 from batchproof.engine.config import EngineConfig
 from batchproof.engine.grammar.state import GrammarState
-from batchproof.engine.kv_cache import KVCache
 from batchproof.engine.memory import hand_back_large_blocks, prefill_heap, trim_heap
-from batchproof.engine.model.gguf_file import ModelLoadError, ModelSpec
+from batchproof.engine.model.errors import ModelLoadError
 from batchproof.engine.model.known_models import resolve_model
-from batchproof.engine.model.model_source import model_sha256, pinned_files, read_model
 from batchproof.engine.model.ops import KernelOps, choose_ops, kernels
+from batchproof.engine.model.source import model_source, pinned_files
+from batchproof.engine.model.spec import ModelSpec
 from batchproof.engine.model.transformer import Transformer
 from batchproof.engine.model_front import ModelFront
 from batchproof.engine.outputs import OutputProcessor
-from batchproof.engine.prefix_cache import PrefixCache
-from batchproof.engine.prefix_reuse import PrefixReuse
 from batchproof.engine.runner import ModelRunner
 from batchproof.engine.sampler import logit_bias_row
 from batchproof.engine.sampling_params import SamplingParams
 from batchproof.engine.scheduler import ScheduledStep, Scheduler
 from batchproof.engine.sequence import RequestOutput, Sequence, Status
-from batchproof.engine.text_stream import TextStream
-from batchproof.engine.tokenizer import Tokenizer
+from batchproof.engine.text.text_stream import TextStream
+from batchproof.engine.text.tokenizer import Tokenizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PREFIX_BLOCK_TOKENS = 16  # vLLM's default block: fine enough that a shared system prompt loses < 16 tokens
@@ -84,10 +85,11 @@ class Engine:
         # Native weights need our kernels; the torch backend (a GPU, no compiler, or
         # invariance off) multiplies float tensors, so it always gets them dequantized.
         self.weights = config.weights if isinstance(ops, KernelOps) else "float32"
-        model_file = read_model(self.model_path, self._runs_natively)
+        source = model_source(self.model_path)  # the format, decided once
+        model_file = source.read(self._runs_natively)
         self.spec: ModelSpec = model_file.spec
         # The model's facts, held once: the tokenizer, chat format and context length are read from it.
-        self.front = ModelFront.for_model_file(model_file, config)
+        self.front = ModelFront.from_text(model_file.path, source.text(model_file), config)
         with torch.inference_mode():
             self.model = Transformer.from_model_file(model_file, self.device, self.dtype, self.max_model_len, ops)
         del model_file
@@ -95,7 +97,7 @@ class Engine:
         s = self.spec
         self.cache = KVCache(s.num_layers, config.max_batch, s.num_kv_heads, self.max_model_len, s.head_dim,
                              self.device, self.dtype)
-        self.model_sha256 = model_sha256(self.model_path)
+        self.model_sha256 = source.sha256()
         self.prefix_cache = self._prefix_cache()
         self.runner = ModelRunner(self.model, self.cache, config.max_batch, config.max_prefill_tokens,
                                   PrefixReuse(self.prefix_cache, self.cache))
@@ -125,8 +127,9 @@ class Engine:
         path = Path(path)
         # Checked, read and built first, then hashed from the same open files: the sha256 names
         # the bytes served, and a file that is not this model is never read whole.
-        with pinned_files(path) as files_sha256:
-            model_file = read_model(path, self._runs_natively)
+        source = model_source(path)
+        with pinned_files(source) as files_sha256:
+            model_file = source.read(self._runs_natively)
             _check_same_spec(self.spec, model_file.spec, path)
             with torch.inference_mode():
                 model = Transformer.from_model_file(model_file, self.device, self.dtype, self.max_model_len,

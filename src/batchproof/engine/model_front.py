@@ -5,16 +5,13 @@ exactly as its replicas do without holding the weights."""
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from batchproof.engine.chat_formats import NoChatTemplate, choose_chat_template
-from batchproof.engine.chat_template import ChatTemplate
 from batchproof.engine.config import EngineConfig
-from batchproof.engine.hf_tokenizer import checkpoint_chat_template, checkpoint_tokenizer
-from batchproof.engine.model.gguf_file import ModelFile, ModelLoadError, read_model_header
-from batchproof.engine.model.hf_checkpoint import CheckpointFile, inspect_checkpoint
-from batchproof.engine.model.model_source import is_checkpoint_dir
-from batchproof.engine.tokenizer import Tokenizer
+from batchproof.engine.model.source import model_source
+from batchproof.engine.model.spec import ModelText
+from batchproof.engine.text.chat_formats import NoChatTemplate, choose_chat_template
+from batchproof.engine.text.chat_template import ChatTemplate
+from batchproof.engine.text.tokenizer import Tokenizer
 
 DEFAULT_MAX_MODEL_LEN = 8192
 
@@ -42,38 +39,16 @@ class ModelFront:
         return cls(model_path, tokenizer, template, origin, max_model_len)
 
     @classmethod
-    def from_metadata(cls, model_path: Path, metadata: dict[str, Any], context_len: int,
-                      config: EngineConfig) -> "ModelFront":
-        try:
-            tokenizer = Tokenizer(metadata)
-        except (ValueError, KeyError) as e:
-            raise ModelLoadError(f"{model_path}: unusable tokenizer ({e})") from None
-        return cls.from_tokenizer(model_path, tokenizer, metadata.get("tokenizer.chat_template"), context_len, config)
-
-    @classmethod
-    def from_checkpoint(cls, directory: Path, hf_config: dict[str, Any], vocab_rows: int, context_len: int,
-                        config: EngineConfig) -> "ModelFront":
-        """From a checkpoint directory's tokenizer.json, its token configs and chat template."""
-        tokenizer = checkpoint_tokenizer(directory, hf_config, vocab_rows)
-        template, origin = checkpoint_chat_template(directory)
-        return cls.from_tokenizer(directory, tokenizer, template, context_len, config, origin)
-
-    @classmethod
-    def for_model_file(cls, model_file: ModelFile, config: EngineConfig) -> "ModelFront":
-        spec = model_file.spec
-        if isinstance(model_file, CheckpointFile):
-            return cls.from_checkpoint(model_file.path, model_file.metadata, spec.vocab_size, spec.context_len, config)
-        return cls.from_metadata(model_file.path, model_file.metadata, spec.context_len, config)
+    def from_text(cls, model_path: Path, text: ModelText, config: EngineConfig) -> "ModelFront":
+        """From what the model's source read (model/source.py: its format decided there, once)."""
+        return cls.from_tokenizer(model_path, text.tokenizer, text.chat_template, text.context_len, config,
+                                  text.chat_template_origin)
 
     @classmethod
     def read(cls, model_path: Path, config: EngineConfig) -> "ModelFront":
         """From the GGUF header, or the checkpoint's config and headers, only (no tensor is read)."""
-        if is_checkpoint_dir(model_path):
-            checkpoint = inspect_checkpoint(model_path)
-            spec = checkpoint.spec
-            return cls.from_checkpoint(checkpoint.path, checkpoint.config, spec.vocab_size, spec.context_len, config)
-        metadata, context_len = read_model_header(model_path)
-        return cls.from_metadata(model_path, metadata, context_len, config)
+        source = model_source(model_path)
+        return cls.from_text(source.path, source.text(), config)
 
     def chat_prompt_ids(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         """The chat template rendered for a reply, tokenized as the model expects."""

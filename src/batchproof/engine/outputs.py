@@ -20,7 +20,7 @@ from batchproof.engine.sampler import (
     processed_logits,
 )
 from batchproof.engine.sequence import RequestOutput, Sequence, Status
-from batchproof.engine.text_stream import TextDelta
+from batchproof.engine.text.text_stream import TextDelta
 
 
 @dataclass

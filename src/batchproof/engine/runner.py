@@ -5,10 +5,10 @@ from dataclasses import dataclass
 
 import torch
 
-from batchproof.engine.kv_cache import KVCache
+from batchproof.engine.cache.kv_cache import KVCache
+from batchproof.engine.cache.prefix_reuse import PrefixReuse
 from batchproof.engine.logprobs import TokenRecord, build_records
 from batchproof.engine.model.transformer import Segment, Transformer
-from batchproof.engine.prefix_reuse import PrefixReuse
 from batchproof.engine.sequence import PrefillProgress, Sequence
 
 Prefilled = tuple[Sequence, torch.Tensor, list | None]  # a completed prompt, its last logits [V], its prompt records

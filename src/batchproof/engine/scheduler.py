@@ -51,7 +51,7 @@ class Scheduler:
         if step.decode:
             self.pacer.observe_decode(seconds)
         elif step.prefill:
-            self.pacer.observe_prefill(len(step.prefill), seconds)  # MUTANT
+            self.pacer.observe_prefill(sum(step.prefill_tokens), seconds)
 
     def _retire(self) -> list[Sequence]:
         retired = [s for s in self.running if s.is_aborted or s.status is Status.FINISHED]

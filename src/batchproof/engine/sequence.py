@@ -10,7 +10,7 @@ import torch
 from batchproof.engine.grammar.state import GrammarState
 from batchproof.engine.logprobs import TokenRecord
 from batchproof.engine.sampling_params import SamplingParams
-from batchproof.engine.text_stream import TextStream
+from batchproof.engine.text.text_stream import TextStream
 
 
 class Status(enum.Enum):

@@ -12,7 +12,7 @@ import httpx
 
 from batchproof.probe.mode import Mode
 from batchproof.probe.prompts import BUILTIN_PROMPTS, load_prompts
-from batchproof.probe.request import ROUTES, Route
+from batchproof.probe.wire.request import ROUTES, Route
 
 DEFAULT_PROMPT = "Write an essay on compilers."
 # The key kept out of `ps` and shell history, read by `batchproof serve` too. Not OPENAI_API_KEY:

@@ -14,10 +14,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from batchproof.common.band import Band, read_band
 from batchproof.common.printable import printable
 from batchproof.probe.config import ProbeConfig
-from batchproof.probe.fleet import Listed
-from batchproof.probe.m_formed import MFormedWatcher
+from batchproof.probe.judge.fleet import Listed
+from batchproof.probe.judge.verdict import ReferenceJudgement
 from batchproof.probe.mode import Mode
-from batchproof.probe.verdict import ReferenceJudgement
+from batchproof.probe.wire.m_formed import MFormedWatcher
 
 
 class ProgressDisplay:

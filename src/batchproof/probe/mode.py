@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from batchproof.common.band import Band
-from batchproof.probe.fleet import (
+from batchproof.probe.judge.fleet import (
     Listed,
     alone_cap,
     fleet_record,
@@ -18,11 +18,11 @@ from batchproof.probe.fleet import (
     needs_more_alone,
     served_by,
 )
-from batchproof.probe.fleet_band import judge_fleet_band
-from batchproof.probe.mixed_verdict import Reference, judge_mixed_band
-from batchproof.probe.references import AloneGroup, fleet_replies
-from batchproof.probe.stream import StreamResult
-from batchproof.probe.verdict import BandJudgement, Policy, Sample, judge_band
+from batchproof.probe.judge.fleet_band import judge_fleet_band
+from batchproof.probe.judge.mixed_verdict import Reference, judge_mixed_band
+from batchproof.probe.judge.references import AloneGroup, fleet_replies
+from batchproof.probe.judge.verdict import BandJudgement, Policy, Sample, judge_band
+from batchproof.probe.records.reply import StreamResult
 
 Judged = tuple[BandJudgement, int | None]  # a band's judgement and its worst slot
 

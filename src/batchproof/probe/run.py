@@ -9,9 +9,7 @@ from typing import Any
 import httpx
 
 from batchproof.common.band import Band
-from batchproof.probe.cache import cache_cases, cache_record, judge_case, measure_case
 from batchproof.probe.config import ProbeConfig
-from batchproof.probe.discovery import first_model, get_json
 from batchproof.probe.display import (
     ProgressDisplay,
     band_done_line,
@@ -19,17 +17,21 @@ from batchproof.probe.display import (
     references_label,
     sources_line,
 )
-from batchproof.probe.fail_open import fail_open_record
-from batchproof.probe.fields import negotiate, without
-from batchproof.probe.fleet import Listed, with_fleet
-from batchproof.probe.m_formed import MFormedWatcher
+from batchproof.probe.judge.cache import cache_cases, cache_record, judge_case, measure_case
+from batchproof.probe.judge.fail_open import fail_open_record
+from batchproof.probe.judge.fleet import Listed, with_fleet
+from batchproof.probe.judge.pair import band_noise
+from batchproof.probe.judge.references import as_reference, judge_alone, sample
+from batchproof.probe.judge.stream_parity import fetch_whole_band, judge_pairs, stream_parity_record
+from batchproof.probe.judge.verdict import Policy, ReferenceJudgement, run_verdict
 from batchproof.probe.matrix import Matrix
-from batchproof.probe.pair import band_noise
-from batchproof.probe.references import as_reference, judge_alone, sample
-from batchproof.probe.request import ROUTES, Message, request_body
-from batchproof.probe.stream import StreamRequest, StreamResult, fire
-from batchproof.probe.stream_parity import fetch_whole_band, judge_pairs, stream_parity_record
-from batchproof.probe.verdict import Policy, ReferenceJudgement, run_verdict
+from batchproof.probe.records.message import Message
+from batchproof.probe.records.reply import StreamResult
+from batchproof.probe.wire.discovery import first_model, get_json
+from batchproof.probe.wire.droppable_fields import negotiate, without
+from batchproof.probe.wire.m_formed import MFormedWatcher
+from batchproof.probe.wire.request import ROUTES, request_body
+from batchproof.probe.wire.stream import StreamRequest, fire
 from batchproof.probe.witness import RunRecord, band_record, slot_record
 
 Fired = list[tuple[int, list[int], list[StreamResult]]]  # per band: c, each slot's prompt, its reply

@@ -9,12 +9,19 @@ from typing import Any
 from batchproof.common.band import Band, band_json
 from batchproof.common.hashing import file_sha256
 from batchproof.probe.config import ProbeConfig
-from batchproof.probe.logprob_parity import UNMEASURED, LogprobParity, combine, compare
+from batchproof.probe.judge.logprob_parity import UNMEASURED, LogprobParity, combine, compare
+from batchproof.probe.judge.references import as_reference, reference_record, sample
+from batchproof.probe.judge.verdict import (
+    BandJudgement,
+    ReferenceJudgement,
+    Result,
+    band_rate,
+    refusal,
+    slot_divergence,
+)
 from batchproof.probe.matrix import Matrix
-from batchproof.probe.references import as_reference, reference_record, sample
-from batchproof.probe.request import TOP_LOGPROBS
-from batchproof.probe.stream import StreamResult
-from batchproof.probe.verdict import BandJudgement, ReferenceJudgement, Result, band_rate, refusal, slot_divergence
+from batchproof.probe.records.reply import StreamResult
+from batchproof.probe.wire.request import TOP_LOGPROBS
 
 WITNESS_VERSION = 3
 PROBE = "batchproof"

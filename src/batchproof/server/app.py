@@ -19,7 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from batchproof.engine.async_engine import AsyncEngine
 from batchproof.engine.config import EngineConfig
 from batchproof.engine.engine import Engine
-from batchproof.engine.load_errors import load_error_message
+from batchproof.engine.model.errors import load_error_message
 from batchproof.server.auth import RequireAPIKey, server_api_keys
 from batchproof.server.batch_log import BatchLog
 from batchproof.server.body_limit import BodyLimit

@@ -7,8 +7,8 @@ numbers); Backend runs requests."""
 from typing import Protocol
 
 from batchproof.engine.async_engine import Opened
+from batchproof.engine.cache.prefix_cache import PrefixCache
 from batchproof.engine.model_front import ModelFront
-from batchproof.engine.prefix_cache import PrefixCache
 from batchproof.engine.sampling_params import SamplingParams
 
 

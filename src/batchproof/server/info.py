@@ -7,7 +7,7 @@ from functools import cache
 from pathlib import Path
 
 import batchproof
-from batchproof.engine.tokenizer import Tokenizer
+from batchproof.engine.text.tokenizer import Tokenizer
 
 PACKAGE_DIR = Path(batchproof.__file__).resolve().parent
 BUILD_SUFFIXES = {".py", ".c", ".yaml", ".so"}

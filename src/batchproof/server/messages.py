@@ -6,8 +6,8 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from batchproof.engine.chat_template import TemplateError
 from batchproof.engine.model_front import ModelFront
+from batchproof.engine.text.chat_template import TemplateError
 from batchproof.server.engine_client import EngineClient
 from batchproof.server.errors import APIError
 from batchproof.server.plan import check_text_fits

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from batchproof.engine.grammar.constraint import Constraint
 from batchproof.engine.model_front import ModelFront
 from batchproof.engine.sampling_params import SamplingParams, SamplingParamsError
-from batchproof.engine.tokenizer import Tokenizer
+from batchproof.engine.text.tokenizer import Tokenizer
 from batchproof.server.errors import APIError, shown
 from batchproof.server.protocol import SamplingFields
 

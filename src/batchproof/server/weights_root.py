@@ -6,8 +6,8 @@ import os
 import stat
 from pathlib import Path
 
-from batchproof.engine.model.gguf_file import ModelLoadError
-from batchproof.engine.model.model_source import hashed_files
+from batchproof.engine.model.errors import ModelLoadError
+from batchproof.engine.model.source import model_source
 from batchproof.server.errors import APIError, shown
 
 # One answer for a path outside the root, missing, unreadable or not a regular file: what the
@@ -34,7 +34,7 @@ def weights_path(root: Path, given: str) -> Path:
     if not resolved.is_relative_to(root):
         raise not_loadable(given)
     try:
-        hashed_files(resolved, check)
+        model_source(resolved).hashed_files(check)
     except (OSError, ValueError):
         raise not_loadable(given) from None
     except ModelLoadError:  # a directory, under the root, that is laid out wrong: the loader says how

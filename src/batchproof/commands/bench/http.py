@@ -8,7 +8,8 @@ from dataclasses import dataclass
 import httpx
 
 from batchproof.commands.bench.figures import median
-from batchproof.probe.stream import StreamRequest, StreamResult, fire
+from batchproof.probe.records.reply import StreamResult
+from batchproof.probe.wire.stream import StreamRequest, fire
 
 LONG_PROMPT = ("Summarise the following notes on compilers in one sentence. " + "Compilers translate programs "
                "written in one language into another, checking them, optimising them and emitting code. " * 30)

@@ -11,7 +11,7 @@ from concurrent.futures import Future
 from llguidance import LLMatcher, LLParserLimits
 
 from batchproof.engine.grammar.tokenizer import grammar_tokenizer
-from batchproof.engine.tokenizer import Tokenizer
+from batchproof.engine.text.tokenizer import Tokenizer
 
 # llguidance's default bounds on a grammar's size and on the work of one step's mask: the same
 # for the check and the engine, so what passes the check runs.

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from batchproof.engine.grammar.matchers import CompileError, compiled_matchers
-from batchproof.engine.tokenizer import Tokenizer
+from batchproof.engine.text.tokenizer import Tokenizer
 
 # More than one: a compile of a big schema (up to ~1 s) holds one worker while the others keep
 # computing every running row's masks (each ~0.1-1 ms); few, as masks mostly wait on one core.

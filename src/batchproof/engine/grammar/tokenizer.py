@@ -6,7 +6,7 @@ import weakref
 
 from llguidance import LLTokenizer, TokenizerWrapper
 
-from batchproof.engine.tokenizer import Tokenizer
+from batchproof.engine.text.tokenizer import Tokenizer
 
 _built: "weakref.WeakKeyDictionary[Tokenizer, LLTokenizer]" = weakref.WeakKeyDictionary()
 _lock = threading.Lock()

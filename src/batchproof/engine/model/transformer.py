@@ -5,9 +5,9 @@ from dataclasses import dataclass
 
 import torch
 
-from batchproof.engine.kv_cache import KVCache
-from batchproof.engine.model.gguf_file import ModelFile, ModelSpec
+from batchproof.engine.cache.kv_cache import KVCache
 from batchproof.engine.model.ops import HeadLayout, Ops, RopeTables
+from batchproof.engine.model.spec import ModelFile, ModelSpec
 from batchproof.engine.model.weights import QuantWeight, RawTensor, as_raw, quant_weight
 
 Weight = torch.Tensor | QuantWeight  # float (torch) or kept in its GGUF blocks

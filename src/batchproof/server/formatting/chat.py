@@ -3,7 +3,7 @@
 import time
 
 from batchproof.engine.sequence import RequestOutput
-from batchproof.engine.tokenizer import Tokenizer
+from batchproof.engine.text.tokenizer import Tokenizer
 from batchproof.server.errors import count_mismatch
 from batchproof.server.formatting import ChunkStream
 from batchproof.server.formatting.entries import chat_entry, prompt_logprobs, reply_token_ids, summed_usage

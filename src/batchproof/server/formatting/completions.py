@@ -4,7 +4,7 @@ import time
 from dataclasses import dataclass
 
 from batchproof.engine.sequence import RequestOutput
-from batchproof.engine.tokenizer import Tokenizer
+from batchproof.engine.text.tokenizer import Tokenizer
 from batchproof.server.errors import count_mismatch
 from batchproof.server.formatting import ChunkStream
 from batchproof.server.formatting.entries import (

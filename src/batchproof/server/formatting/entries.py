@@ -3,7 +3,7 @@
 from batchproof.common.wire import wire_logprob
 from batchproof.engine.logprobs import TokenRecord
 from batchproof.engine.sequence import RequestOutput
-from batchproof.engine.tokenizer import Tokenizer, incremental_utf8_decoder
+from batchproof.engine.text.tokenizer import Tokenizer, incremental_utf8_decoder
 from batchproof.server.errors import APIError
 
 

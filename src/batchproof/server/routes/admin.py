@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, StrictStr
 from starlette.concurrency import run_in_threadpool
 
 from batchproof.engine.async_engine import AsyncEngine
-from batchproof.engine.model.gguf_file import ModelLoadError
+from batchproof.engine.model.errors import ModelLoadError
 from batchproof.server.auth import tenant
 from batchproof.server.errors import APIError
 from batchproof.server.info import numerics_id, server_info, tokenizer_facts

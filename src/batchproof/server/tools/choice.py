@@ -14,10 +14,10 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from batchproof.engine.chat_template import ChatTemplate
 from batchproof.engine.grammar import compile as grammars
 from batchproof.engine.grammar.constraint import Constraint
-from batchproof.engine.tokenizer import Tokenizer
+from batchproof.engine.text.chat_template import ChatTemplate
+from batchproof.engine.text.tokenizer import Tokenizer
 from batchproof.server.errors import APIError, shown
 from batchproof.server.protocol import ChatCompletionRequest, NamedToolChoice, Tool
 from batchproof.server.structured import check

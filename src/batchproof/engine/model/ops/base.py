@@ -10,7 +10,7 @@ from typing import Protocol
 
 import torch
 
-from batchproof.engine.kv_cache import KVCache
+from batchproof.engine.cache.kv_cache import KVCache
 from batchproof.engine.logprobs import Normalizer, TopK
 
 

@@ -5,7 +5,7 @@ no padding."""
 
 import torch
 
-from batchproof.engine.kv_cache import KVCache
+from batchproof.engine.cache.kv_cache import KVCache
 from batchproof.engine.logprobs import Normalizer, TopK
 from batchproof.engine.model.ops import kernels, torch_ops
 from batchproof.engine.model.ops.base import HeadLayout, RopeTables

@@ -1,5 +1,5 @@
 /* The kernels' one interface: every function the library exports (kernels.py binds each,
- * library.py declares their signatures and mirrors the structs; tests/engine/
+ * abi.py declares their signatures and mirrors the structs; tests/engine/
  * test_kernels_abi.py holds those to this file), and the one way a C file picks its
  * instruction-set path. What the C files share of the arithmetic is in lanes.h,
  * exp_poly.h and quant.h.
@@ -34,7 +34,10 @@ const char *bp_numerics_version(void);
 
 /* The one way a kernel picks its path: the AVX-512, AVX2 or portable choice for the level
  * in use (bp_isa_level, asked once). Off x86 it is the portable one and the vector names
- * are never seen, so they need exist only under BP_X86. Every choice gives the same bits. */
+ * are never seen, so they need exist only under BP_X86. Every choice gives the same bits.
+ * (Not target_clones: a clone's resolver asks the CPU, never the cap, so a test could not
+ * run the portable code on a vector CPU.) A kernel with a twin per instruction set keeps
+ * each in its own file, name_avx512.c, name_avx2.c (quant_tiles*, quant_dequant*). */
 #ifdef BP_X86
 #define BP_PICK(avx512, avx2, portable)                                                          \
     ({                                                                                           \
@@ -46,8 +49,7 @@ const char *bp_numerics_version(void);
 #endif
 
 /* What one C file defines for another: kept out of the library's exported symbols, so
- * those are exactly the functions declared here (and a target_clones function's resolver,
- * "name.resolver", which GCC exports regardless). */
+ * those are exactly the functions declared here. */
 #define BP_INTERNAL __attribute__((visibility("hidden")))
 
 /* ---------------- linear: y[m, n] (+)= sum_k x[m, k] * w[n, k] (+ b[n]) ---------------- */

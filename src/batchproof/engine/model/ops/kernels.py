@@ -1,12 +1,12 @@
 """The batch-invariant CPU kernels (the C files beside this one) on torch tensors: shapes
-checked, outputs allocated, each call one C function bound in library.py."""
+checked, outputs allocated, each call one C function bound in abi.py."""
 
 import ctypes
 
 import torch
 
-from batchproof.engine.model.ops.library import ACTIVATIONS, MAX_PARTS, Layer, Shape, Weight
-from batchproof.engine.model.ops.library import load_library as _library
+from batchproof.engine.model.ops.abi import ACTIVATIONS, MAX_PARTS, Layer, Shape, Weight
+from batchproof.engine.model.ops.abi import load_library as _library
 from batchproof.engine.model.weights import QuantWeight
 
 ISA_NAMES = {2: "avx512", 1: "avx2", 0: "portable"}

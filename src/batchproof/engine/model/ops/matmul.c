@@ -13,9 +13,9 @@
 
 /* sum_k a[k] * b[k] in the 8-lane layout. The tail is zero-padded as the vector code's
  * masked loads pad it: fma(0, 0, -0) is +0, so a padded lane's sign of zero depends on
- * the padding being there. Cloned for CPUs with FMA (but maybe no AVX2), where fmaf is
- * an instruction rather than a libm call: fmaf rounds once, exactly, either way. */
-__attribute__((target_clones("fma", "default")))
+ * the padding being there. The portable path (BP_PICK's third choice): on baseline x86-64
+ * fmaf is a libm call (glibc's takes the FMA instruction where the CPU has one), an
+ * instruction elsewhere; it rounds once, exactly, either way. */
 BP_INTERNAL float bp_dot8_scalar(const float *a, const float *b, int64_t K) {
     float lane[8] = {0};
     int64_t k = 0;

@@ -7,7 +7,7 @@
  * module below exists only so the library is a valid extension; a missing compiler leaves
  * the module out (optional=True) and the engine falls back to padded torch.
  *
- * Why the layout is exported: library.py mirrors bp_weight, bp_layer and bp_shape as
+ * Why the layout is exported: abi.py mirrors bp_weight, bp_layer and bp_shape as
  * ctypes Structures, and a field changed on one side only would have the fused decode step
  * read weights from the wrong place. So every load compares the mirrors' field names and
  * offsets, and each struct's size, with these, which the compiler computed. A field added

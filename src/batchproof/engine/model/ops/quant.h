@@ -1,6 +1,8 @@
-/* What quant_dequant.c and quant_linear.c share: GGML's type ids, the exact half -> float,
- * and the table of block types (each one's bytes, weights, and the function that turns a row
- * of its blocks into the floats gguf.quants computes). Not part of the interface (kernels.h). */
+/* What the quantized kernels share (quant_dequant.c, quant_linear.c, quant_tiles*.c): GGML's
+ * type ids, the one table of block sizes, the exact half -> float, the table of block types
+ * (each one's sizes and the function that turns a row of its blocks into the floats
+ * gguf.quants computes), and the register tiles' instruction-set twins. Not part of the
+ * interface (kernels.h). */
 #ifndef BP_QUANT_H
 #define BP_QUANT_H
 #include <stdint.h>
@@ -13,6 +15,24 @@ enum {
     T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
     T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14, T_BF16 = 30,
 };
+
+/* The one table of block sizes: every type we run as X(id, name, a block's bytes, the weights it
+ * holds), gguf's GGML_QUANT_SIZES (tests/engine/test_kernels_abi.py holds the two together).
+ * quant_dequant.c builds its table of types from it; the kernels ask block_bytes(). */
+#define BLOCK_SIZES(X)                                                                                     \
+    X(T_F32, f32, 4, 1) X(T_F16, f16, 2, 1) X(T_BF16, bf16, 2, 1) X(T_Q4_0, q4_0, 18, 32)                \
+    X(T_Q4_1, q4_1, 20, 32) X(T_Q5_0, q5_0, 22, 32) X(T_Q5_1, q5_1, 24, 32) X(T_Q8_0, q8_0, 34, 32)      \
+    X(T_Q4_K, q4_k, 144, 256) X(T_Q5_K, q5_k, 176, 256) X(T_Q6_K, q6_k, 210, 256)
+
+/* A block's bytes, 0 for a type we do not run: a constant wherever the type is one. */
+static inline int64_t block_bytes(int type) {
+    switch (type) {
+#define BLOCK_BYTES_CASE(id, name, bytes, elems) case id: return bytes;
+    BLOCK_SIZES(BLOCK_BYTES_CASE)
+#undef BLOCK_BYTES_CASE
+    default: return 0;
+    }
+}
 
 /* IEEE half -> float, exact for every value (subnormals, infinities, NaN). */
 static inline float f16(const uint8_t *p) {
@@ -46,10 +66,24 @@ typedef struct {
     dequant_fn dequant;
 } block_type;
 
-/* The type's entry (quant_dequant.c), or NULL for a type we do not run. */
+/* The type's entry on the instruction set in use (quant_dequant.c), or NULL for a type we do
+ * not run. */
 BP_INTERNAL const block_type *bp_block_type(int type);
 
-/* ---- the register path (quant_tiles.c): up to FUSED_ROWS rows of x, blocks unpacked in registers ----
+/* quant_dequant.c's AVX2 twins (quant_dequant_avx2.c): num_blocks blocks of Q4_0, or Q4_1 with
+ * has_min; of Q5_0 or Q5_1; of Q8_0. */
+#ifdef BP_X86
+BP_INTERNAL __attribute__((target("avx2,f16c"), noclone)) void bp_dequant_q4_avx2(const uint8_t *src,
+                                                                                 int64_t num_blocks, int has_min,
+                                                                                 float *dst);
+BP_INTERNAL __attribute__((target("avx2,f16c"), noclone)) void bp_dequant_q5_avx2(const uint8_t *src,
+                                                                                 int64_t num_blocks, int has_min,
+                                                                                 float *dst);
+BP_INTERNAL __attribute__((target("avx2,f16c"))) void bp_dequant_q8_avx2(const uint8_t *src, int64_t num_blocks,
+                                                                        float *dst);
+#endif
+
+/* ---- the register path (quant_tiles*.c): up to FUSED_ROWS rows of x, blocks unpacked in registers ----
  *
  * Outputs per tile by rows of x: with one row, QW accumulators hide the FMA latency; with
  * more, rows x outputs accumulators must leave registers for the unpacking (4 x 3 spilled
@@ -98,4 +132,16 @@ typedef void (*xtile_fn)(const float *xp, int64_t stride, const uint8_t *w, int6
 
 /* The 16-row tile for this type, or NULL (below AVX-512, and for F16, BF16, F32). */
 BP_INTERNAL xtile_fn bp_pick_xtile(int type);
+
+/* ---- the register path's twins: one name, a file per instruction set (ggml's way) ----
+ *
+ * Each picks by type among its own file's tiles (NULL for a type it has none for):
+ * quant_tiles_avx2.c (AVX2 + FMA), quant_tiles_avx512.c; quant_tiles.c chooses between them
+ * with BP_PICK (bp_pick_*). No portable twin: the portable build goes through the buffer. */
+#ifdef BP_X86
+BP_INTERNAL qtile_fn bp_qtile_avx512(int type);
+BP_INTERNAL qtile_fn bp_qtile_avx2(int type);
+BP_INTERNAL dequant_fn bp_unpack_row_avx2(int type);
+BP_INTERNAL xtile_fn bp_xtile_avx512(int type);
+#endif
 #endif

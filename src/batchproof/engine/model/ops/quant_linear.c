@@ -9,7 +9,7 @@
  *
  * Speed, two ways by row count (each the same bits). Up to four rows of x (a decode step of
  * a few sequences): each block is unpacked in registers, straight into the FMAs
- * (quant_tiles.c), since with one to four FMAs per weight a store and a load per weight
+ * (quant_tiles*.c), since with one to four FMAs per weight a store and a load per weight
  * through a buffer cost about as much as the arithmetic. More rows: a thread dequantizes a
  * tile of weight rows into a small buffer that stays in L1/L2 and runs every row tile of x
  * against it (the float32 kernel's own tile), so each weight is unpacked once for all the

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from batchproof.engine import logprobs, sampler
-from batchproof.engine.kv_cache import KVCache
+from batchproof.engine.cache.kv_cache import KVCache
 from batchproof.engine.logprobs import Normalizer, TopK
 from batchproof.engine.model.ops.base import HeadLayout, RopeTables
 
