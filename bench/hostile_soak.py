@@ -84,7 +84,7 @@ def issue36_requests() -> list[Hostile]:
     tool_flood = [{"role": "user", "content": "go"},
                   {"role": "assistant", "content": None, "tool_calls": [
                       {"id": "c1", "type": "function", "function": {"name": "tool_0", "arguments": "{}"}}]}]
-    tool_flood += [{"role": "tool", "tool_call_id": "c1", "content": "result text"}] * 140_000
+    tool_flood += [{"role": "tool", "tool_call_id": "c1", "content": "r"}] * 140_000  # 7.7 MB, under the 8 MB limit
     requests = [
         ("grammar of 20,000 newlines", "/v1/chat/completions",
          _chat(max_tokens=4, structured_outputs={"grammar": "\n" * 20_000})),
@@ -113,13 +113,15 @@ def hostile_requests(vocab: int, context: int, max_request_bytes: int, rng: rand
     constrained = _chat(f"Describe a pet named {rng.choice(WORDS)}.", max_tokens=48, n=4, stream=True,
                         temperature=1.0, response_format={"type": "json_schema",
                                                           "json_schema": {"name": "pet", "schema": PET_SCHEMA}})
-    return [Hostile("bias on every token", "/v1/chat/completions", json.dumps(full_bias).encode(), frozenset({200})),
+    # Issue 36's first: the longest prompt's prefill (a minute on 2 cores) would leave a short
+    # run no time for them.
+    return [*issue36_requests(),
+            *[Hostile("constrained, hung up", "/v1/chat/completions", json.dumps(constrained).encode(),
+                      frozenset())] * 3,
+            Hostile("bias on every token", "/v1/chat/completions", json.dumps(full_bias).encode(), frozenset({200})),
             Hostile("largest body", "/v1/completions", json.dumps(largest).encode(), frozenset({400})),
             Hostile("body over the limit", "/v1/completions", over, frozenset({413})),
-            Hostile("longest prompt", "/v1/completions", json.dumps(longest).encode(), frozenset({200})),
-            *issue36_requests(),
-            *[Hostile("constrained, hung up", "/v1/chat/completions", json.dumps(constrained).encode(),
-                      frozenset())] * 3]
+            Hostile("longest prompt", "/v1/completions", json.dumps(longest).encode(), frozenset({200}))]
 
 
 async def send_hostile(client: httpx.AsyncClient, url: str, hostile: Hostile, log: HostileLog) -> None:
@@ -230,6 +232,26 @@ async def soak(url: str, clients: int, tokens: int, facts: dict, hostile: bool, 
             "hostile_slowest_s": log.slowest_s, "unexpected": log.unexpected}
 
 
+async def one_at_a_time(url: str, facts: dict) -> list[tuple[str, str, float, float]]:
+    """Issue 36's method: each hostile request alone while /health is polled every 50 ms ->
+    (name, outcome, seconds to answer, /health's worst seconds meanwhile)."""
+    rows = []
+    for hostile in hostile_requests(facts["vocab"], facts["context"], facts["max_request_bytes"], random.Random(7)):
+        log = HostileLog()
+        worst = [0.0]
+        until = asyncio.Event()
+
+        async def send() -> None:
+            async with httpx.AsyncClient(timeout=600) as client:
+                await send_hostile(client, url, hostile, log)
+            await asyncio.sleep(0.2)  # what it left running (a hung-up request's grammars) still counts
+            until.set()
+
+        await asyncio.gather(send(), health_watch(url, until, worst))
+        rows.append((hostile.name, next(iter(log.statuses[hostile.name])), log.slowest_s[hostile.name], worst[0]))
+    return rows
+
+
 def server_facts(url: str) -> dict:
     info = httpx.get(f"{url}/v1/server_info").json()
     tokenizer = httpx.get(f"{url}/tokenizer_info").json()
@@ -245,10 +267,16 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--one-at-a-time", action="store_true",
+                        help="only send each hostile request alone, /health polled every 50 ms (issue 36's table)")
     args = parser.parse_args()
     process, url = start_batchproof(["serve", "--max-logit-bias", "262144"])
     try:
         facts = server_facts(url)
+        if args.one_at_a_time:
+            for name, outcome, took, worst in asyncio.run(one_at_a_time(url, facts)):
+                print(f"{name:36s} {outcome:>28s} in {took:6.2f} s; /health at worst {worst * 1000:6.0f} ms")
+            return 0
         asyncio.run(soak(url, args.clients, args.tokens, facts, False, seconds=10))  # warm-up
         runs = []
         for _ in range(args.rounds):

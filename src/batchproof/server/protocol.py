@@ -1,11 +1,12 @@
 """The OpenAI request fields we support, as strict pydantic models (JSON in, no coercion)."""
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from batchproof.server.errors import APIError, shown
 from batchproof.server.fields import NO_TOOLS, refused
+from batchproof.server.precount import MAX_LISTED_ITEMS
 
 # The upper bound is the server's --max-logprobs, checked when the request is planned.
 NumLogprobs = Annotated[StrictInt, Field(ge=0)]
@@ -19,6 +20,7 @@ Seed = Annotated[StrictInt, Field(ge=-(2**63), le=2**64 - 1)]
 # OpenAI's limits on `metadata` (the same on every route): a few tags, not a store; the Responses
 # route keeps it with the response, so without them one request could park megabytes there.
 MAX_METADATA_PAIRS = 16
+MAX_TOOLS = 128  # OpenAI's limit on one request's tools
 MAX_METADATA_KEY_CHARS = 64
 MAX_METADATA_VALUE_CHARS = 512
 
@@ -177,6 +179,9 @@ class SamplingFields(_Strict):
 
 
 class ChatCompletionRequest(SamplingFields):
+    # Counted before validation (precount.py); the exact limits are checked where they apply.
+    counted_items: ClassVar[dict[str, int]] = {"messages": MAX_LISTED_ITEMS, "tools": MAX_TOOLS,
+                                               "metadata": MAX_METADATA_PAIRS}
     messages: list[ChatMessage]
     max_completion_tokens: StrictInt | None = None
     logprobs: StrictBool | None = None
@@ -200,6 +205,7 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class CompletionRequest(SamplingFields):
+    counted_items: ClassVar[dict[str, int]] = {"prompt": MAX_LISTED_ITEMS, "metadata": MAX_METADATA_PAIRS}
     # A string, strings, token ids, or lists of token ids: one choice (or n) per prompt.
     prompt: StrictStr | list[StrictStr] | TokenIds | list[TokenIds]
     logprobs: NumLogprobs | None = None
@@ -213,6 +219,8 @@ class CompletionRequest(SamplingFields):
 
 class TokenizeRequest(_Strict):
     """vLLM's /tokenize (and llama.cpp's `content`)."""
+
+    counted_items: ClassVar[dict[str, int]] = {"messages": MAX_LISTED_ITEMS}
 
     model: StrictStr | None = None
     prompt: StrictStr | None = None

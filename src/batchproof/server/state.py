@@ -15,6 +15,7 @@ from batchproof.server.engine_client import Backend, EngineClient
 from batchproof.server.errors import APIError, from_validation_error
 from batchproof.server.metrics import Metrics
 from batchproof.server.plan import Limits
+from batchproof.server.precount import precount
 from batchproof.server.responses.store import ResponseStore
 
 Model = TypeVar("Model", bound=BaseModel)
@@ -64,6 +65,7 @@ class ServerState:
 
 
 def parse_body(model: type[Model], body: bytes) -> Model:
+    precount(body, getattr(model, "counted_items", {}))
     try:
         return model.model_validate_json(body)
     except ValidationError as e:

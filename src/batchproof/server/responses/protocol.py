@@ -1,12 +1,15 @@
 """The Responses API's request, as strict pydantic models: what we honour typed, what we do not
 refused by name (docs/api-fields.md lists every field and what happens to it)."""
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, StrictBool, StrictInt, StrictStr
 
 from batchproof.server.fields import refused
+from batchproof.server.precount import MAX_LISTED_ITEMS
 from batchproof.server.protocol import (
+    MAX_METADATA_PAIRS,
+    MAX_TOOLS,
     JsonSchemaFormat,
     LogprobsMode,
     NumLogprobs,
@@ -107,6 +110,9 @@ class ResponsesStreamOptions(_Strict):
 
 
 class ResponsesRequest(_Strict):
+    # Counted before validation (precount.py); the exact limits are checked where they apply.
+    counted_items: ClassVar[dict[str, int]] = {"input": MAX_LISTED_ITEMS, "tools": MAX_TOOLS,
+                                               "metadata": MAX_METADATA_PAIRS}
     model: StrictStr | None = None
     input: StrictStr | list[dict[StrictStr, Any]]  # items are read one by one (translate.py), to name the bad one
     instructions: StrictStr | None = None

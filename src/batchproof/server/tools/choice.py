@@ -19,12 +19,11 @@ from batchproof.engine.grammar.constraint import Constraint
 from batchproof.engine.text.chat_template import ChatTemplate
 from batchproof.engine.text.tokenizer import Tokenizer
 from batchproof.server.errors import APIError, shown
-from batchproof.server.protocol import ChatCompletionRequest, NamedToolChoice, Tool
+from batchproof.server.protocol import MAX_TOOLS, ChatCompletionRequest, NamedToolChoice, Tool
 from batchproof.server.structured import check
 from batchproof.server.tools.formats import ToolFormat, detect_tool_format, reads_tools
 
 NO_ARGUMENTS = {"type": "object", "properties": {}, "additionalProperties": False}
-MAX_TOOLS = 128  # OpenAI's limit on one request's tools
 # Compiling a schema costs time in its size (a flat one of 1,000 properties, 64 KB: ~0.09 s; 3,000
 # properties, 200 KB: ~0.46 s), and `required` compiles each tool's alone and then all of them
 # together, so both are bounded before any compiles: far above a real tool set's (tens of KB).
