@@ -183,13 +183,13 @@ async def measuring_client(url: str, seed: int, until: asyncio.Event, tokens: in
                 latencies.append(latency)
 
 
-async def hostile_client(url: str, until: asyncio.Event, log: HostileLog, facts: dict, passes: int | None) -> None:
-    """Cycles through the hostile requests until `until` (or for `passes` passes, then sets it)."""
-    rng = random.Random(7)
+async def hostile_client(url: str, until: asyncio.Event, log: HostileLog, requests: list[Hostile],
+                         passes: int | None) -> None:
+    """Cycles through `requests` until `until` (or for `passes` passes, then sets it)."""
     done = 0
     async with httpx.AsyncClient(timeout=600) as client:
         while not until.is_set():
-            for hostile in hostile_requests(facts["vocab"], facts["context"], facts["max_request_bytes"], rng):
+            for hostile in requests:
                 if until.is_set():
                     return
                 await send_hostile(client, url, hostile, log)
@@ -208,7 +208,7 @@ async def health_watch(url: str, until: asyncio.Event, worst: list[float]) -> No
 
 
 async def soak(url: str, clients: int, tokens: int, facts: dict, hostile: bool, seconds: float | None = None,
-               passes: int | None = None) -> dict:
+               passes: int | None = None, only: list[str] | None = None) -> dict:
     """One run: for `seconds`, or (hostile) until the hostile client has made `passes` passes."""
     latencies: list[float] = []
     failures: list[int] = []
@@ -218,7 +218,11 @@ async def soak(url: str, clients: int, tokens: int, facts: dict, hostile: bool, 
     tasks = [measuring_client(url, i, until, tokens, latencies, failures) for i in range(clients)]
     tasks.append(health_watch(url, until, worst))
     if hostile:
-        tasks.append(hostile_client(url, until, log, facts, passes))
+        # Built before the run: encoding megabytes of JSON holds this process's loop (and so the
+        # quiet clients and /health's stopwatch) for a second, which the server would be blamed for.
+        requests = [h for h in hostile_requests(facts["vocab"], facts["context"], facts["max_request_bytes"],
+                                                random.Random(7)) if not only or h.name in only]
+        tasks.append(hostile_client(url, until, log, requests, passes))
 
     async def timer() -> None:
         await asyncio.sleep(seconds)
@@ -267,9 +271,15 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--only", action="append", default=None, metavar="NAME",
+                        help="send only the hostile requests of this name (repeatable): which one costs what")
     parser.add_argument("--one-at-a-time", action="store_true",
                         help="only send each hostile request alone, /health polled every 50 ms (issue 36's table)")
     args = parser.parse_args()
+    if args.only:
+        unknown = set(args.only) - {h.name for h in hostile_requests(1, 64, 1024, random.Random(0))}
+        if unknown:
+            parser.error(f"no hostile request named {sorted(unknown)}")
     process, url = start_batchproof(["serve", "--max-logit-bias", "262144"])
     try:
         facts = server_facts(url)
@@ -281,7 +291,8 @@ def main() -> int:
         runs = []
         for _ in range(args.rounds):
             for hostile in (False, True):
-                result = asyncio.run(soak(url, args.clients, args.tokens, facts, hostile, seconds=args.seconds))
+                result = asyncio.run(soak(url, args.clients, args.tokens, facts, hostile, seconds=args.seconds,
+                                          only=args.only))
                 runs.append((hostile, result))
                 print(f"{'hostile' if hostile else 'quiet  '}: median {result['median_s'] * 1000:.1f} ms/token over "
                       f"{result['requests']} replies ({result['failed_replies']} failed); /health at worst "
