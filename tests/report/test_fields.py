@@ -1,15 +1,12 @@
 """`batchproof report` on a witness whose shown keys have the wrong type: exit 4 and one line
 naming the key, as `batchproof check` does for the keys it judges; never a traceback."""
 
-import json
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.helpers.check_support import run_cli
-from tests.report.witness_sample import sample_witness
+from tests.report.witness_sample import put, report, sample_witness
 
 JSON_SCALARS = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text()
 JSON_VALUES = st.recursive(
@@ -32,18 +29,6 @@ def _paths(value: object, prefix: tuple = ()) -> list[tuple]:
 PATHS = _paths(sample_witness())
 
 
-def _put(witness: dict, path: tuple, value: object) -> dict:
-    node = witness
-    for key in path[:-1]:
-        node = node[key]
-    node[path[-1]] = value
-    return witness
-
-
-def _report(directory: Path, witness: dict) -> tuple[int, str, str]:
-    path = directory / "w.json"
-    path.write_text(json.dumps(witness))
-    return run_cli(["report", str(path), "-o", str(directory / "r.html")])
 
 
 @pytest.mark.parametrize(
@@ -61,7 +46,7 @@ def _report(directory: Path, witness: dict) -> tuple[int, str, str]:
     ],
 )
 def test_a_wrong_typed_shown_key_exits_4_naming_it(tmp_path, path: tuple, value: object, says: str) -> None:
-    code, out, err = _report(tmp_path, _put(sample_witness(), path, value))
+    code, out, err = report(tmp_path, put(sample_witness(), path, value))
     assert (code, out) == (4, "")
     assert err == f"batchproof report: witness {tmp_path / 'w.json'}: {says}\n"
     assert not (tmp_path / "r.html").exists()
@@ -70,7 +55,7 @@ def test_a_wrong_typed_shown_key_exits_4_naming_it(tmp_path, path: tuple, value:
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(path=st.sampled_from(PATHS), value=JSON_VALUES)
 def test_any_value_anywhere_is_drawn_or_refused_in_one_line(tmp_path, path: tuple, value: object) -> None:
-    code, out, err = _report(tmp_path, _put(sample_witness(), path, value))
+    code, out, err = report(tmp_path, put(sample_witness(), path, value))
     if code == 0:
         assert out.startswith("report: ") and err == ""
     else:
@@ -79,7 +64,7 @@ def test_any_value_anywhere_is_drawn_or_refused_in_one_line(tmp_path, path: tupl
 
 def test_a_key_chosen_by_the_witness_is_quoted_cut_and_stripped_in_the_message(tmp_path) -> None:
     replica = "\x1b[2J\x1b]0;owned\x07" + "r" * 5000  # clear the screen, retitle the terminal, flood it
-    witness = _put(sample_witness(), ("bands", 1, "m_formed_by_replica"), {replica: "four"})
-    code, _, err = _report(tmp_path, witness)
+    witness = put(sample_witness(), ("bands", 1, "m_formed_by_replica"), {replica: "four"})
+    code, _, err = report(tmp_path, witness)
     assert code == 4 and "bands[1].m_formed_by_replica." in err and "must be an integer or null" in err
     assert "\x1b" not in err and "\x07" not in err and len(err) < 400

@@ -3,13 +3,11 @@ references, the cache cases, stream parity, fail-open): drawn, or refused in one
 key (exit 4), never a traceback. The sample witness of test_fields has none of these sections."""
 
 import copy
-import json
 from pathlib import Path
 
 import pytest
 
-from tests.helpers.check_support import run_cli
-from tests.report.witness_sample import sample_witness
+from tests.report.witness_sample import put, report, sample_witness
 
 DIFF = {"refused": None, "tokens_agree_to": 12, "text_equal": True, "logprob_max_abs_diff": 1e-6,
         "logprobs_bitwise_equal": False, "logprob_first_diff_at": 0, "attributable": True, "not_attributable": None}
@@ -37,23 +35,10 @@ def full_witness() -> dict:
     return witness
 
 
-def _put(witness: dict, path: tuple, value: object) -> dict:
-    node = witness
-    for key in path[:-1]:
-        node = node[key]
-    node[path[-1]] = value
-    return witness
-
-
-def _report(directory: Path, witness: dict) -> tuple[int, str, str]:
-    path = directory / "w.json"
-    path.write_text(json.dumps(witness))
-    (directory / "r.html").unlink(missing_ok=True)
-    return run_cli(["report", str(path), "-o", str(directory / "r.html")])
 
 
 def test_the_full_witness_is_drawn(tmp_path: Path) -> None:
-    code, out, err = _report(tmp_path, full_witness())
+    code, out, err = report(tmp_path, full_witness())
     page = (tmp_path / "r.html").read_text()
     assert (code, err) == (0, "") and out.startswith("report: ")
     assert '<h2 id="cache">' in page and '<h2 id="stream-parity">' in page and "0, 15" in page
@@ -67,7 +52,7 @@ def test_the_full_witness_is_drawn(tmp_path: Path) -> None:
                                                      "got an object"),
 ])
 def test_a_wrong_typed_cached_tokens_is_refused_by_name(tmp_path: Path, path: tuple, value: object, says: str) -> None:
-    code, out, err = _report(tmp_path, _put(full_witness(), path, value))
+    code, out, err = report(tmp_path, put(full_witness(), path, value))
     assert (code, out) == (4, "")
     assert err == f"batchproof report: witness {tmp_path / 'w.json'}: {says}\n"
     assert not (tmp_path / "r.html").exists()
@@ -77,14 +62,14 @@ def test_a_cache_slot_without_a_number_is_drawn_as_unknown(tmp_path: Path) -> No
     witness = full_witness()
     for slot in witness["cache"]["cases"][0]["slots"]:
         slot["i"] = None
-    code, _, err = _report(tmp_path, witness)
+    code, _, err = report(tmp_path, witness)
     page = (tmp_path / "r.html").read_text()
     assert (code, err) == (0, "")
     assert "warm alone #-" in page and "warm c=4 slot -" in page
 
 
 def test_a_fail_open_witness_with_null_bands_is_drawn(tmp_path: Path) -> None:
-    code, _, err = _report(tmp_path, _put(full_witness(), ("bands",), None))
+    code, _, err = report(tmp_path, put(full_witness(), ("bands",), None))
     assert (code, err) == (0, "") and "FAIL-OPEN" in (tmp_path / "r.html").read_text()
 
 
@@ -109,7 +94,7 @@ WRONG = [None, -1, 2.5, "x", True, [], {}, [None], [{"i": None}]]
 def test_any_wrong_value_in_a_section_is_drawn_or_refused_in_one_line(tmp_path: Path, path: tuple) -> None:
     witness = full_witness()
     for value in WRONG:
-        code, out, err = _report(tmp_path, _put(copy.deepcopy(witness), path, value))
+        code, out, err = report(tmp_path, put(copy.deepcopy(witness), path, value))
         if code == 0:
             assert out.startswith("report: ") and err == "", (value, err)
         else:

@@ -1,7 +1,11 @@
 """A small mixed-mode witness for the report tests: c=4's slot 1 leaves its reference at token 5,
 every c=4 slot's logprobs differ from token 0, and c=4's rate is under the S7 line."""
 
+import json
+from pathlib import Path
 from typing import Any
+
+from tests.helpers.check_support import run_cli
 
 
 def slot(i: int, divergence_at: int = 12, bitwise: bool = True, rate: float = 40.0, **extra: Any) -> dict[str, Any]:
@@ -43,3 +47,20 @@ def sample_witness() -> dict[str, Any]:
         "bands": bands, "result": "PASS", "mode": "mixed", "route": "chat", "stagger_ms": 0.0,
         "prompts": [{"i": i, "sha256": "d" * 64, "chars": 10 + i} for i in range(4)], "references": [],
     }
+
+
+def put(witness: dict, path: tuple, value: object) -> dict:
+    """`witness` with the field at `path` (keys and indices) set to `value`."""
+    node = witness
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return witness
+
+
+def report(directory: Path, witness: dict) -> tuple[int, str, str]:
+    """`batchproof report` on `witness` written into `directory`: (exit code, stdout, stderr)."""
+    path = directory / "w.json"
+    path.write_text(json.dumps(witness))
+    (directory / "r.html").unlink(missing_ok=True)
+    return run_cli(["report", str(path), "-o", str(directory / "r.html")])

@@ -47,7 +47,7 @@ class OutputProcessor:
 
     def __init__(self, sequences: dict[str, Sequence], end_ids: frozenset[int], max_model_len: int,
                  records_backend: NormalizerAndTopK, greedy_backend: FirstMax,
-                 grammar_mask_timeout_s: float = 5.0) -> None:
+                 grammar_mask_timeout_s: float) -> None:
         self.sequences = sequences
         self.end_ids = end_ids
         self.max_model_len = max_model_len
@@ -110,7 +110,7 @@ class OutputProcessor:
         started = time.perf_counter()
         deadline = started + self.grammar_mask_timeout_s
         for i, seq in enumerate(seqs):
-            if seq.grammar is not None and seq.params.max_tokens:
+            if seq.grammar is not None:  # (none for a prompt scored with max_tokens 0)
                 try:
                     allowed[i] = seq.grammar.allowed(max(0.0, deadline - time.perf_counter()))
                 except GrammarFailure as e:

@@ -20,9 +20,9 @@ Seed = Annotated[StrictInt, Field(ge=-(2**63), le=2**64 - 1)]
 # OpenAI's limits on `metadata` (the same on every route): a few tags, not a store; the Responses
 # route keeps it with the response, so without them one request could park megabytes there.
 MAX_METADATA_PAIRS = 16
-MAX_TOOLS = 128  # OpenAI's limit on one request's tools
 MAX_METADATA_KEY_CHARS = 64
 MAX_METADATA_VALUE_CHARS = 512
+MAX_TOOLS = 128  # OpenAI's limit on one request's tools
 
 
 class _Strict(BaseModel):

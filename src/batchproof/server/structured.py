@@ -12,7 +12,7 @@ from batchproof.server.errors import APIError
 from batchproof.server.protocol import ResponseFormat, StructuredOutputs
 
 # A schema's compile costs time in its size (64 KB of flat properties: ~0.1 s), so it is bounded
-# before any: the size one tool's parameters may have (tools/choice.py), far above a real one's.
+# before any (a tool's parameters too, tools/choice.py): far above a real schema's.
 MAX_SCHEMA_CHARS = 64 * 1024
 
 

@@ -20,14 +20,14 @@ from batchproof.engine.text.chat_template import ChatTemplate
 from batchproof.engine.text.tokenizer import Tokenizer
 from batchproof.server.errors import APIError, shown
 from batchproof.server.protocol import MAX_TOOLS, ChatCompletionRequest, NamedToolChoice, Tool
-from batchproof.server.structured import check
+from batchproof.server.structured import MAX_SCHEMA_CHARS, check
 from batchproof.server.tools.formats import ToolFormat, detect_tool_format, reads_tools
 
 NO_ARGUMENTS = {"type": "object", "properties": {}, "additionalProperties": False}
 # Compiling a schema costs time in its size (a flat one of 1,000 properties, 64 KB: ~0.09 s; 3,000
 # properties, 200 KB: ~0.46 s), and `required` compiles each tool's alone and then all of them
 # together, so both are bounded before any compiles: far above a real tool set's (tens of KB).
-MAX_PARAMETERS_CHARS = 64 * 1024  # one tool's parameters schema, as JSON
+MAX_PARAMETERS_CHARS = MAX_SCHEMA_CHARS  # one tool's parameters schema, as JSON: as any schema's
 MAX_TOOLS_CHARS = 256 * 1024  # all the tools, as JSON
 
 

@@ -1,7 +1,6 @@
 """A Hugging Face checkpoint directory as the engine's ModelSource (source.py): config.json and
 the safetensors files, read by checkpoint.py, tokenized by tokenizer.py."""
 
-import hashlib
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -9,6 +8,7 @@ from pathlib import Path
 from batchproof.engine.model.hf.checkpoint import (
     CONFIG_FILE,
     INDEX_FILE,
+    checkpoint_identity,
     checkpoint_sha256,
     inspect_checkpoint,
     read_checkpoint,
@@ -56,5 +56,4 @@ class CheckpointSource:
         pass  # each file is checked as it is read
 
     def sha256_of(self, files: list[Path], digests: list[str]) -> str:
-        lines = "".join(f"{file.name}\0{digest}\n" for file, digest in zip(files, digests))  # as checkpoint_sha256
-        return hashlib.sha256(lines.encode()).hexdigest()
+        return checkpoint_identity(files, digests)
