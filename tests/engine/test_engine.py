@@ -355,6 +355,35 @@ def test_an_aborted_neighbour_leaves_the_others_unchanged(engine: Engine) -> Non
     assert [r for o in outputs["target"] for r in o.records] == alone.records
 
 
+def test_a_failed_step_ends_each_of_its_requests_once_and_the_engine_forgets_them(engine: Engine,
+                                                                                   monkeypatch) -> None:
+    """One request finishes inside a step that then raises (its outputs lost), the other is
+    mid-reply: fail_step gives each one final error, the engine forgets both (their ids are
+    free again) and their slots come back at the next step."""
+    prompt = chat(engine, FRANCE)
+    engine.add_request("short", prompt, greedy(max_tokens=2, ignore_eos=True))
+    engine.add_request("long", prompt, greedy(max_tokens=8, ignore_eos=True))
+    engine.step()  # the prefill: both have their first token
+    process = engine.outputs.process
+
+    def process_then_raise(*args):
+        process(*args)  # "short" finishes here
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(engine.outputs, "process", process_then_raise)
+    with pytest.raises(RuntimeError, match="injected"):
+        engine.step()
+    monkeypatch.undo()
+    failed = engine.fail_step("the step failed")
+    assert sorted((o.request_id, o.finish_reason, o.error) for o in failed) == [
+        ("long", "error", "the step failed"), ("short", "error", "the step failed")]
+    assert engine.step() == [] and not engine.has_work()
+    engine.take_batch_summary()
+    assert engine.num_free_slots == engine.config.max_batch
+    again = run(engine, {"short": (prompt, greedy(max_tokens=2, ignore_eos=True))})  # the id is free again
+    assert len(again["short"].output_ids) == 2
+
+
 # --- what the batch log's m counts ---------------------------------------------------------------
 
 

@@ -49,10 +49,15 @@ def test_a_finished_request_leaves_its_slot_empty():
     prompt = engine.chat_prompt_ids([{"role": "user", "content": "Tell me about the sea. " * 20}])
     params = SamplingParams(max_tokens=8, temperature=0.0)
     first = engine.generate({"first": (prompt, params)})["first"]
-    assert engine.scheduler.free_slots[-1] == 0  # the slot it held, handed out next
-    assert not engine.cache.k[:, 0].any() and not engine.cache.v[:, 0].any()
-    # The next request in that slot (its prompt from the prefix cache) gets the same answer.
-    again = engine.generate({"again": (prompt, params)})["again"]
+    kv = engine.caches.kv
+    assert engine.num_free_slots == 2 and not kv.k[:, 0].any() and not kv.v[:, 0].any()
+    # The next request takes that slot (its prompt from the prefix cache) and gets the same answer.
+    engine.add_request("again", prompt, params)
+    again = engine.step()
+    assert [seq.slot for seq in engine.scheduler.running] == [0]
+    while engine.has_work():
+        again += engine.step()
+    engine.take_batch_summary()
     assert again[-1].num_cached_tokens > 0
     assert [(o.text, o.records) for o in again] == [(o.text, o.records) for o in first]
 

@@ -7,6 +7,8 @@ Two engines on the real default model: `warm` keeps a cache across the module's 
 (so earlier tests feed later ones, as on a long-running server), `cold` has none.
 """
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -155,6 +157,18 @@ def test_eviction_keeps_the_cache_within_a_tiny_budget(cold):
         assert cache.nbytes <= cache.budget_bytes
         assert signature(hot) == signature(run(cold, {f"ec{i}": (ids, params(max_tokens=4))})[f"ec{i}"])
     assert cache.stats.evicted_blocks > 0
+
+
+def test_the_cache_counts_what_its_requests_were_served(warm):
+    """One owner of the counters: the cache's lookups and hits are exactly the prompt tokens
+    its requests brought and the cached tokens their replies report."""
+    before = dataclasses.replace(warm.prefix_cache.stats)
+    prompts = [chat(warm, ("system", SYSTEM), ("user", q)) for q in QUESTIONS]
+    replies = run(warm, {f"n{i}": (ids, params(max_tokens=2)) for i, ids in enumerate(prompts)})
+    stats = warm.prefix_cache.stats
+    assert stats.queried_tokens - before.queried_tokens == sum(len(ids) for ids in prompts)
+    served = sum(reply[-1].num_cached_tokens for reply in replies.values())
+    assert served > 0 and stats.hit_tokens - before.hit_tokens == served
 
 
 def test_no_prefix_cache_and_the_torch_path_have_none(cold):

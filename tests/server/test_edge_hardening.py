@@ -15,9 +15,9 @@ from batchproof.commands.serve import MAX_REQUEST_HEAD_BYTES, run_app, uvicorn_c
 from batchproof.common.config import ConfigError
 from batchproof.engine.config import EngineConfig
 from batchproof.engine.engine import Engine
+from batchproof.server import admin
 from batchproof.server.app import create_app
 from batchproof.server.config import ServerConfig
-from batchproof.server.routes import admin
 from tests.helpers.http import assert_error, chat_body, post, wait_until
 from tests.helpers.live_server import live_server
 

@@ -142,7 +142,7 @@ def test_a_faulting_step_fails_only_its_requests_and_the_server_goes_on(engine, 
         assert "engine step failed (fault " in message and "injected" not in message
         backend = live.state.backend
         # The faulted sequence gives its slot back at the next step (the engine steps until it has).
-        assert wait_until(lambda: len(engine.scheduler.free_slots) == engine.config.max_batch, timeout=10)
+        assert wait_until(lambda: engine.num_free_slots == engine.config.max_batch, timeout=10)
         reply = post(live.url, CHAT, chat_body("hi", max_tokens=2, logprobs=True))
         assert reply.status_code == 200 and len(reply.json()["choices"][0]["logprobs"]["content"]) == 2
         health = httpx.get(live.url + "/health")
@@ -184,7 +184,7 @@ def test_a_request_opened_and_never_read_is_aborted(engine) -> None:
 
         asyncio.run_coroutine_threadsafe(open_and_drop(), backend._loop).result(10)
         assert wait_until(lambda: not engine.has_work(), timeout=30)
-        assert len(engine.scheduler.free_slots) == engine.config.max_batch
+        assert engine.num_free_slots == engine.config.max_batch
 
 
 # --- API keys and the prefix cache's namespaces ---------------------------------------------

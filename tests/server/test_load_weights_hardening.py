@@ -114,3 +114,36 @@ def test_the_sha256_names_the_bytes_loaded(engine, root, monkeypatch) -> None:
 def test_the_root_must_be_a_directory(tmp_path) -> None:
     with pytest.raises(ConfigError, match="weights_root"):
         ServerConfig(weights_root=tmp_path / "nope")
+
+
+class NoWeightUpdates:
+    """A backend that runs requests and cannot replace weights (as a fleet's router): the
+    running engine's every attribute but the weight swap."""
+
+    supports_weight_updates = False
+
+    def __init__(self, backend) -> None:
+        self._backend = backend
+
+    def __getattr__(self, name: str):
+        if name == "load_weights":
+            raise AttributeError(name)
+        return getattr(self._backend, name)
+
+
+def test_a_backend_that_cannot_load_weights_is_a_501_before_the_body_is_read(engine, root, monkeypatch) -> None:
+    """The Backend protocol says whether weights can be swapped: one that cannot is a 501 naming
+    why, before the body is parsed or a path resolved, and nothing is loaded."""
+    opened = []
+    monkeypatch.setattr(engine, "prepare_weights", lambda path: opened.append(path))
+    with live_server(engine, allow_weight_updates=True, api_key=KEY, weights_root=root) as live:
+        served = live.state.backend
+        live.state.backend = NoWeightUpdates(served)
+        try:
+            for body in ({"path": "model.gguf"}, {"path": ""}, {"frobnicate": 1}):
+                response = httpx.post(live.url + "/v1/load_weights", json=body, headers=AUTH, timeout=30)
+                assert_error(response, 501, param=None, mentions=("load_weights runs on a single engine",))
+                assert response.json()["error"]["type"] == "not_implemented_error"
+        finally:
+            live.state.backend = served
+    assert opened == []

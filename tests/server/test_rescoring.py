@@ -11,9 +11,9 @@ from dataclasses import dataclass
 import pytest
 
 from batchproof.engine.sequence import RequestOutput
+from batchproof.server.chat.formatter import ChatFormatter
+from batchproof.server.completions.formatter import CompletionsFormatter, CompletionsShape
 from batchproof.server.errors import APIError
-from batchproof.server.formatting.chat import ChatFormatter
-from batchproof.server.formatting.completions import CompletionsFormatter, CompletionsShape
 from batchproof.server.serving import sse_events
 from tests.helpers.http import CJK_PROMPT, EMOJI_PROMPT, chunks, joined_bytes, messages, post, stream
 from tests.helpers.live_server import live_server

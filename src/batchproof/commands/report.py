@@ -9,8 +9,8 @@ from batchproof.check.contract import ContractError, load_contract
 from batchproof.check.rules import judge
 from batchproof.check.witness import WitnessError, parse_witness
 from batchproof.common.printable import printable
-from batchproof.report.fields import check_shown_keys
 from batchproof.report.page import render
+from batchproof.report.shown_keys import check_shown_keys
 
 EXIT_WRITTEN = 0
 EXIT_NOT_A_FILE = 3

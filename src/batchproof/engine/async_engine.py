@@ -99,6 +99,8 @@ class _Deltas:
 class AsyncEngine:
     """One thread owns the engine; everything else talks to it through `_inbox`."""
 
+    supports_weight_updates = True  # load_weights swaps this engine's weights in place
+
     def __init__(self, engine: Engine, batch_window_s: float,
                  on_batch: Callable[[BatchSummary], None] = lambda summary: None, replica_id: str = "",
                  on_failure: Callable[[], None] = lambda: None) -> None:
@@ -146,7 +148,7 @@ class AsyncEngine:
 
     @property
     def num_free_slots(self) -> int:
-        return len(self.engine.scheduler.free_slots)
+        return self.engine.num_free_slots
 
     async def open(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> Opened:
         """The one way the server starts a request (a fleet's stand-in answers the same call

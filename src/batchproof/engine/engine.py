@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 
 from batchproof.engine.cache.kv_cache import KVCache
+from batchproof.engine.cache.manager import CacheManager
 from batchproof.engine.cache.prefix_cache import PrefixCache
-from batchproof.engine.cache.prefix_reuse import PrefixReuse
 from batchproof.engine.config import EngineConfig
 from batchproof.engine.grammar.state import GrammarState
 from batchproof.engine.memory import hand_back_large_blocks, prefill_heap, trim_heap
@@ -95,22 +95,22 @@ class Engine:
         del model_file
         trim_heap()  # what building the tokenizer and reading the file dropped
         s = self.spec
-        self.cache = KVCache(s.num_layers, config.max_batch, s.num_kv_heads, self.max_model_len, s.head_dim,
-                             self.device, self.dtype)
+        kv = KVCache(s.num_layers, config.max_batch, s.num_kv_heads, self.max_model_len, s.head_dim,
+                     self.device, self.dtype)
         self.model_sha256 = source.sha256()
-        self.prefix_cache = self._prefix_cache()
-        self.runner = ModelRunner(self.model, self.cache, config.max_batch, config.max_prefill_tokens,
-                                  PrefixReuse(self.prefix_cache, self.cache))
-        self.scheduler = Scheduler(config.max_batch, config.max_prefill_tokens, config.prefill_share)
+        # The one owner of the slots and the prefix cache: the scheduler takes and gives back
+        # slots through it, the runner asks it around each prompt's prefill.
+        self.caches = CacheManager(kv, self._prefix_cache())
+        self.runner = ModelRunner(self.model, self.caches, config.max_batch, config.max_prefill_tokens)
+        self.scheduler = Scheduler(self.caches, config.max_prefill_tokens, config.prefill_share)
         self.end_ids = self.tokenizer.ids.end_of_turn_ids
         self.load_time_s = time.perf_counter() - started
-        self._sequences: dict[str, Sequence] = {}
+        self._sequences: dict[str, Sequence] = {}  # the live requests: added and forgotten here only
         self._batch_start: float | None = None
         self._batch_max = 0
         self._stepping: list[Sequence] = []  # whom the current step runs (fail_step ends them)
-        self.outputs = OutputProcessor(self._sequences, self.end_ids, self.max_model_len,
-                                       self.model.ops.normalizer_and_top_k, self.model.ops.first_max,
-                                       config.grammar_mask_timeout_s)
+        self.outputs = OutputProcessor(self.end_ids, self.max_model_len, self.model.ops.normalizer_and_top_k,
+                                       self.model.ops.first_max, config.grammar_mask_timeout_s)
 
     @property
     def _runs_natively(self):
@@ -148,8 +148,12 @@ class Engine:
         # the model's id, cannot be mistaken for the new one's.
         self.model = self.runner.model = prepared.model
         self.model_path, self.model_sha256 = prepared.path, prepared.sha256
-        self.prefix_cache = self._prefix_cache()
-        self.runner.reuse = PrefixReuse(self.prefix_cache, self.cache)
+        self.caches.prefix_cache = self._prefix_cache()
+
+    @property
+    def prefix_cache(self) -> PrefixCache | None:
+        """The cache manager's (its counters and bytes go to /metrics)."""
+        return self.caches.prefix_cache
 
     def _prefix_cache(self) -> PrefixCache | None:
         """Only where a position's bits cannot depend on who computed it (our kernels)."""
@@ -208,13 +212,16 @@ class Engine:
     def num_running(self) -> int:
         return len(self.scheduler.running)
 
+    @property
+    def num_free_slots(self) -> int:
+        return self.caches.num_free_slots
+
     # --- the step ----------------------------------------------------------------------
 
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
-        scheduled = self.scheduler.schedule()
+        scheduled = self.scheduler.schedule()  # retired slots emptied and given back, newcomers given theirs
         self._start_grammars(self.scheduler.running)
-        self.runner.release(scheduled.retired, self.scheduler.running)
         outputs = self.outputs.retired(scheduled.retired)
         self._stepping = scheduled.prefill or scheduled.decode
         if self._stepping:
@@ -225,7 +232,7 @@ class Engine:
             if seqs:  # a prefill step that completed no prompt chooses nothing
                 outputs += self.outputs.process(seqs, logits, prompt_records)
         self._stepping = []
-        return outputs
+        return self._forget_finished(outputs)
 
     @staticmethod
     def _start_grammars(running: list[Sequence]) -> None:
@@ -241,7 +248,14 @@ class Engine:
         whom to run leaves every running sequence in an unknown state: they all fail."""
         failed = self._stepping or list(self.scheduler.running)
         self._stepping = []
-        return [self.outputs.fail(seq, message) for seq in failed]
+        return self._forget_finished([self.outputs.fail(seq, message) for seq in failed])
+
+    def _forget_finished(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
+        """The one place a live request leaves `_sequences`: its final output (a finish_reason)."""
+        for out in outputs:
+            if out.finish_reason is not None:
+                self._sequences.pop(out.request_id, None)
+        return outputs
 
     def _forward(self, scheduled: ScheduledStep) -> tuple[list[Sequence], torch.Tensor, list]:
         """The sequences whose next token this step chooses (every decoding one, or the prompts

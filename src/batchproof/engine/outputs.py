@@ -42,13 +42,12 @@ def _rows(logits: torch.Tensor, rows: list[torch.Tensor], index: list[int]) -> t
 
 
 class OutputProcessor:
-    """Turns one step's logits into tokens, records and RequestOutputs; finished sequences
-    leave `sequences` (the engine's table of live requests)."""
+    """Turns one step's logits into tokens, records and RequestOutputs. A sequence it ends is
+    FINISHED and its output carries a finish_reason: the engine, which holds the live requests,
+    forgets it from that output (this class keeps no table of them)."""
 
-    def __init__(self, sequences: dict[str, Sequence], end_ids: frozenset[int], max_model_len: int,
-                 records_backend: NormalizerAndTopK, greedy_backend: FirstMax,
-                 grammar_mask_timeout_s: float) -> None:
-        self.sequences = sequences
+    def __init__(self, end_ids: frozenset[int], max_model_len: int, records_backend: NormalizerAndTopK,
+                 greedy_backend: FirstMax, grammar_mask_timeout_s: float) -> None:
         self.end_ids = end_ids
         self.max_model_len = max_model_len
         # The engine's ops (kernel or torch, chosen at load) for the records and the greedy choice.
@@ -206,7 +205,6 @@ class OutputProcessor:
         seq.status = Status.FINISHED
         if seq.grammar is not None:  # a mask begun for a token that will never come
             seq.grammar.cancel()
-        del self.sequences[seq.request_id]
         return self._output(seq, TextDelta(delta.text + tail.text, delta.records + tail.records,
                                            delta.token_ids + tail.token_ids))
 
@@ -223,7 +221,7 @@ class OutputProcessor:
         of them reaches the prefix cache when the scheduler retires it."""
         seq.error, seq.finish_reason = message, "error"
         seq.num_computed = 0
-        if seq.request_id not in self.sequences:  # it finished inside the failed step, whose outputs are lost
+        if seq.status is Status.FINISHED:  # it finished inside the failed step, whose outputs are lost
             return self._output(seq, TextDelta())
         return self._finish(seq, TextDelta())
 
@@ -232,6 +230,5 @@ class OutputProcessor:
         for seq in retired:
             if seq.is_aborted and seq.finish_reason is None:
                 seq.finish_reason = "abort"
-                self.sequences.pop(seq.request_id, None)
                 outputs.append(self._output(seq, TextDelta()))
         return outputs

@@ -1,12 +1,11 @@
-"""Sequences -> tensors -> logits: prefill and batched decode in the slots of the KV cache, the
-prefix cache's two calls around a prompt's prefill, and the one place a slot is emptied."""
+"""Sequences -> tensors -> logits: prefill and batched decode in the slots of the KV cache, with
+the cache manager's two calls around a prompt's prefill (what the prefix cache gives, what it keeps)."""
 
 from dataclasses import dataclass
 
 import torch
 
-from batchproof.engine.cache.kv_cache import KVCache
-from batchproof.engine.cache.prefix_reuse import PrefixReuse
+from batchproof.engine.cache.manager import CacheManager
 from batchproof.engine.logprobs import TokenRecord, build_records
 from batchproof.engine.model.transformer import Segment, Transformer
 from batchproof.engine.sequence import PrefillProgress, Sequence
@@ -24,13 +23,11 @@ class Span:
 
 
 class ModelRunner:
-    def __init__(self, model: Transformer, cache: KVCache, max_batch: int, max_prefill_tokens: int,
-                 reuse: PrefixReuse) -> None:
+    def __init__(self, model: Transformer, caches: CacheManager, max_batch: int, max_prefill_tokens: int) -> None:
         self.model = model
-        self.cache = cache
+        self.caches = caches
         self.max_batch = max_batch
         self.max_prefill_tokens = max_prefill_tokens
-        self.reuse = reuse
         self.device = model.device
         self._decode_logits: torch.Tensor | None = None  # see _logits_buffer
 
@@ -63,7 +60,7 @@ class ModelRunner:
 
     def _start_prefill(self, seq: Sequence) -> None:
         """Its opening blocks from the prefix cache (and their prompt records, when it scores)."""
-        reused = self.reuse.reuse(seq)
+        reused = self.caches.reuse(seq)
         scored: list = [None, *reused.records]  # nothing predicts a first token
         size = self.max_prefill_tokens
         for start, rows in reused.unscored:
@@ -79,7 +76,7 @@ class ModelRunner:
         while active := [(span.seq, span.seq.num_computed, min(size, span.stop - span.seq.num_computed))
                          for span in group if span.seq.num_computed < span.stop]:
             segments = [Segment(seq.prefill.ids[at:at + n], at, seq.slot) for seq, at, n in active]
-            hidden = self.model.prefill(segments, self.cache)
+            hidden = self.model.prefill(segments, self.caches.kv)
             for (seq, at, n), rows in zip(active, hidden.split([n for _, _, n in active])):
                 seq.prefill.computed.append(rows)
                 if seq.params.prompt_logprobs is not None:
@@ -97,7 +94,7 @@ class ModelRunner:
         results = []
         for seq, logits in zip(finished, last_logits):
             progress, seq.prefill = seq.prefill, None
-            self.reuse.keep_prompt(seq, progress.begin, progress.computed, progress.scored)
+            self.caches.keep_prompt(seq, progress.begin, progress.computed, progress.scored)
             results.append((seq, logits, progress.scored if seq.params.prompt_logprobs is not None else None))
         return results
 
@@ -119,7 +116,7 @@ class ModelRunner:
         positions[:num_seqs] = torch.tensor([s.num_tokens - 1 for s in seqs])
         slots[:num_seqs] = torch.tensor([s.slot for s in seqs])
         hidden = self.model.decode(token_ids.to(self.device), positions.to(self.device), slots.to(self.device),
-                                   num_seqs, self.cache)
+                                   num_seqs, self.caches.kv)
         for seq in seqs:
             seq.num_computed = seq.num_tokens
         return self.model.logits(hidden, out=self._logits_buffer(hidden.shape[0]))[:num_seqs].cpu()
@@ -132,14 +129,3 @@ class ModelRunner:
             self._decode_logits = torch.empty(max(rows, self.max_batch), self.model.lm_head.shape[0],
                                               dtype=torch.float32, device=self.device)
         return self._decode_logits[:rows]
-
-    def release(self, retired: list[Sequence], running: list[Sequence]) -> None:
-        """The one place a slot is emptied: right after scheduling, before a newcomer given the
-        slot writes it. The prefix cache keeps what the leaving sequence computed, the slot's
-        pages go back to the OS; then cached blocks make way for the running sequences."""
-        for seq in retired:
-            if seq.slot is not None:  # (one aborted while it waited never had one)
-                self.reuse.keep_retired(seq)
-                self.cache.release(seq.slot)
-                seq.slot = None
-        self.reuse.make_room(running)

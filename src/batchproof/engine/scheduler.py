@@ -1,8 +1,10 @@
-"""Iteration-level scheduling in plain Python: who is prefilled, who decodes, which slot."""
+"""Iteration-level scheduling in plain Python: who is prefilled, who decodes, who holds a slot
+(the slots themselves are the cache manager's: taken and given back through it)."""
 
 from collections import deque
 from dataclasses import dataclass, field
 
+from batchproof.engine.cache.manager import CacheManager
 from batchproof.engine.prefill_pacer import PrefillPacer
 from batchproof.engine.sequence import Sequence, Status
 
@@ -11,20 +13,19 @@ from batchproof.engine.sequence import Sequence, Status
 class ScheduledStep:
     prefill: list[Sequence]  # prompts to feed this step
     decode: list[Sequence]
-    # Aborted or finished since the last step: their slots are free again, each still named by
-    # seq.slot until the runner empties it (ModelRunner.release, before this step writes any slot).
+    # Aborted or finished since the last step: their slots already given back (emptied, the
+    # prefix cache keeping what it wants first) before anyone admitted this step took one.
     retired: list[Sequence]
     prefill_tokens: list[int] = field(default_factory=list)  # how many of each prompt's tokens
 
 
 class Scheduler:
-    def __init__(self, max_batch: int, max_prefill_tokens: int, prefill_share: float = 0.5) -> None:
-        self.max_batch = max_batch
+    def __init__(self, caches: CacheManager, max_prefill_tokens: int, prefill_share: float = 0.5) -> None:
+        self.caches = caches  # the one owner of the slots: the scheduler only says who takes and gives back
         self.pacer = PrefillPacer(prefill_share, max_prefill_tokens)
         self._prefilled_last = False
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self.free_slots: list[int] = list(range(max_batch - 1, -1, -1))  # pop() hands out slot 0 first
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -37,6 +38,7 @@ class Scheduler:
         however long delays each running stream by one short prefill step per token."""
         retired = self._retire()
         self._admit()
+        self.caches.make_room(self.running)  # cached blocks make way for the running sequences
         prefilling = [s for s in self.running if s.is_prefilling]
         decoding = [s for s in self.running if not s.is_prefilling]
         if prefilling and not (decoding and self._prefilled_last):
@@ -56,7 +58,7 @@ class Scheduler:
     def _retire(self) -> list[Sequence]:
         retired = [s for s in self.running if s.is_aborted or s.status is Status.FINISHED]
         for seq in retired:
-            self.free_slots.append(seq.slot)  # seq.slot still names it, for the runner to empty (release)
+            self.caches.free_slot(seq)
             seq.status = Status.FINISHED
         self.running = [s for s in self.running if s.status is Status.RUNNING]
         aborted_waiting = [s for s in self.waiting if s.is_aborted]
@@ -67,9 +69,8 @@ class Scheduler:
 
     def _admit(self) -> None:
         """Newcomers take free slots in arrival order; their prompts are fed in that order."""
-        while self.waiting and self.free_slots:
+        while self.waiting and self.caches.take_slot(self.waiting[0]):
             seq = self.waiting.popleft()
-            seq.slot = self.free_slots.pop()
             seq.status = Status.RUNNING
             self.running.append(seq)
 

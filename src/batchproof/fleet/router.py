@@ -76,6 +76,10 @@ class ReplicaReports:
 class FleetBackend:
     """What the server runs requests through when the engines are replicas elsewhere."""
 
+    # Each replica holds its own weights: /v1/load_weights is refused (501) and never calls
+    # load_weights here.
+    supports_weight_updates = False
+
     def __init__(self, handle, front: ModelFront, reports: ReplicaReports) -> None:
         self._handle = handle.options(stream=True)
         self._reports = reports

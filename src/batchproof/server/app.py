@@ -20,9 +20,12 @@ from batchproof.engine.async_engine import AsyncEngine
 from batchproof.engine.config import EngineConfig
 from batchproof.engine.engine import Engine
 from batchproof.engine.model.errors import load_error_message
+from batchproof.server import admin
 from batchproof.server.auth import RequireAPIKey, server_api_keys
 from batchproof.server.batch_log import BatchLog
 from batchproof.server.body_limit import BodyLimit
+from batchproof.server.chat import route as chat_route
+from batchproof.server.completions import route as completions_route
 from batchproof.server.config import ServerConfig
 from batchproof.server.content_type import RequireJSON
 from batchproof.server.engine_client import Backend
@@ -30,7 +33,7 @@ from batchproof.server.errors import APIError
 from batchproof.server.host_check import RequireKnownHost, allowed_hosts
 from batchproof.server.metrics import RequestCounter
 from batchproof.server.openapi import install_openapi
-from batchproof.server.routes import admin, chat, completions, responses
+from batchproof.server.responses import route as responses_route
 from batchproof.server.state import ServerState
 
 
@@ -129,7 +132,7 @@ def create_app(server_config: ServerConfig, engine_config: EngineConfig, engine:
 
     app = FastAPI(title="batchproof", version=__import__("batchproof").__version__, lifespan=lifespan)
     app.state.server = state
-    for module in (chat, completions, responses, admin):
+    for module in (chat_route, completions_route, responses_route, admin):
         app.include_router(module.router)
     install_openapi(app)
 

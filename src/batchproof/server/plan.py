@@ -11,7 +11,7 @@ from batchproof.engine.model_front import ModelFront
 from batchproof.engine.sampling_params import SamplingParams, SamplingParamsError
 from batchproof.engine.text.tokenizer import Tokenizer
 from batchproof.server.errors import APIError, shown
-from batchproof.server.protocol import SamplingFields
+from batchproof.server.protocol import CompletionsFields
 
 MAX_CHAT_STOP_STRINGS = 4  # OpenAI's limit; lm-eval sends chat at most 4 too
 MAX_COMPLETION_STOP_STRINGS = 64  # lm-eval sends a task's whole `until` list to /v1/completions
@@ -171,7 +171,7 @@ def check_sequences(num_prompts: int, requested_n: int | None, limits: Limits) -
     return n
 
 
-def _check_counts(req: SamplingFields, wanted: Wanted, num_prompts: int, limits: Limits) -> int:
+def _check_counts(req: CompletionsFields, wanted: Wanted, num_prompts: int, limits: Limits) -> int:
     n = check_sequences(num_prompts, req.n, limits)
     for value, name in ((wanted.top_logprobs, wanted.top_logprobs_name),
                         (wanted.prompt_logprobs, wanted.prompt_logprobs_name)):
@@ -197,7 +197,7 @@ def _check_entries(wanted: Wanted, prompts: list[list[int]], limits_per_prompt: 
                        param=wanted.top_logprobs_name if wanted.top_logprobs else wanted.max_tokens_name)
 
 
-def plan_request(req: SamplingFields, front: ModelFront, limits: Limits, prompts: list[list[int]],
+def plan_request(req: CompletionsFields, front: ModelFront, limits: Limits, prompts: list[list[int]],
                  wanted: Wanted, tenant: str | None = None, constraint: Constraint | None = None) -> Plan:
     """`tenant`: the id of the API key that sent the request, if any (its cache namespace);
     `constraint`: what every choice's reply must match (structured.py built and checked it)."""

@@ -1,33 +1,22 @@
-"""The OpenAI request fields we support, as strict pydantic models (JSON in, no coercion)."""
+"""The chat, completions, tokenize and detokenize request models, strict pydantic (JSON in, no
+coercion): what they share with the Responses request is in sampling_fields.py."""
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import Field, StrictBool, StrictInt, StrictStr
 
 from batchproof.server.errors import APIError, shown
-from batchproof.server.fields import NO_TOOLS, refused
 from batchproof.server.precount import MAX_LISTED_ITEMS
+from batchproof.server.sampling_fields import NumLogprobs, SamplingFields
+from batchproof.server.unsupported_fields import NO_TOOLS, Strict, refused
 
-# The upper bound is the server's --max-logprobs, checked when the request is planned.
-NumLogprobs = Annotated[StrictInt, Field(ge=0)]
-LogprobsMode = Literal["raw", "processed"]
 TokenIds = list[StrictInt]
-Probability = Annotated[float, Field(gt=0.0, le=1.0)]
-Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
-Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
-# What torch.Generator.manual_seed takes: any int64 or uint64.
-Seed = Annotated[StrictInt, Field(ge=-(2**63), le=2**64 - 1)]
 # OpenAI's limits on `metadata` (the same on every route): a few tags, not a store; the Responses
 # route keeps it with the response, so without them one request could park megabytes there.
 MAX_METADATA_PAIRS = 16
 MAX_METADATA_KEY_CHARS = 64
 MAX_METADATA_VALUE_CHARS = 512
 MAX_TOOLS = 128  # OpenAI's limit on one request's tools
-
-
-class _Strict(BaseModel):
-    # Unknown fields are refused (fields.py says why); known ones are typed strictly.
-    model_config = ConfigDict(strict=True, extra="forbid")
 
 
 def check_metadata(metadata: dict[str, str] | None) -> None:
@@ -46,17 +35,17 @@ def check_metadata(metadata: dict[str, str] | None) -> None:
                                 f"{MAX_METADATA_VALUE_CHARS} are taken", param="metadata")
 
 
-class TextPart(_Strict):
+class TextPart(Strict):
     type: Literal["text"]
     text: StrictStr
 
 
-class FunctionCall(_Strict):
+class FunctionCall(Strict):
     name: StrictStr
     arguments: StrictStr  # a JSON object, as text (OpenAI's shape)
 
 
-class ToolCall(_Strict):
+class ToolCall(Strict):
     """An assistant's earlier call, as a client echoes it back in the history."""
 
     id: StrictStr
@@ -64,7 +53,7 @@ class ToolCall(_Strict):
     function: FunctionCall
 
 
-class ChatMessage(_Strict):
+class ChatMessage(Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     # None only on an assistant turn that made tool calls (checked in tools/prompt.py).
     content: StrictStr | list[TextPart] | None = None
@@ -84,28 +73,28 @@ class ChatMessage(_Strict):
         return {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
 
 
-class FunctionDef(_Strict):
+class FunctionDef(Strict):
     name: Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
     description: StrictStr | None = None
     parameters: dict[StrictStr, Any] | None = None  # a JSON schema of the arguments (absent: no arguments)
     strict: StrictBool | None = None  # accepted either way: the arguments are always generated under the schema
 
 
-class Tool(_Strict):
+class Tool(Strict):
     type: Literal["function"]
     function: FunctionDef
 
 
-class NamedFunction(_Strict):
+class NamedFunction(Strict):
     name: StrictStr
 
 
-class NamedToolChoice(_Strict):
+class NamedToolChoice(Strict):
     type: Literal["function"]
     function: NamedFunction
 
 
-class JsonSchemaFormat(_Strict):
+class JsonSchemaFormat(Strict):
     """OpenAI's response_format.json_schema."""
 
     name: Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
@@ -117,12 +106,12 @@ class JsonSchemaFormat(_Strict):
     strict: StrictBool | None = None
 
 
-class ResponseFormat(_Strict):
+class ResponseFormat(Strict):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
 
-class StructuredOutputs(_Strict):
+class StructuredOutputs(Strict):
     """vLLM's structured_outputs (one of these): a JSON schema, any JSON object, a regex, one
     of a list of strings, or a grammar (Lark, or llama.cpp's GBNF)."""
 
@@ -138,47 +127,24 @@ class StructuredOutputs(_Strict):
     whitespace_pattern: refused("JSON is always written without free whitespace here") = None
 
 
-class StreamOptions(_Strict):
+class StreamOptions(Strict):
     include_usage: StrictBool = False
     include_obfuscation: StrictBool | None = None  # accepted and ignored: padding against side channels
 
 
-class SamplingFields(_Strict):
-    """Fields shared by chat and legacy completions (OpenAI's and vLLM's extensions)."""
+class CompletionsFields(SamplingFields):
+    """What both completions endpoints (chat and legacy) add to the shared fields: a token budget,
+    n choices, logit_bias, prompt logprobs and stream options (the Responses request has its own
+    budget and stream options, and none of the rest)."""
 
-    model: StrictStr | None = None
     max_tokens: StrictInt | None = None
-    temperature: Temperature | None = None
-    top_p: Probability | None = None
     n: StrictInt | None = None  # null means the default, as OpenAI reads it
-    stop: StrictStr | list[StrictStr] | None = None
-    seed: Seed | None = None
-    stream: StrictBool | None = None
     stream_options: StreamOptions | None = None
-    presence_penalty: Penalty | None = None
-    frequency_penalty: Penalty | None = None
     logit_bias: dict[StrictStr, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
-    # batchproof's own: which distribution logprobs describe (default: the server's --logprobs-mode)
-    logprobs_mode: LogprobsMode | None = None
     prompt_logprobs: NumLogprobs | None = None  # vLLM's: each prompt token's logprob and top K
-    # vLLM's: requests reuse only the cached prefixes of requests with the same salt.
-    cache_salt: Annotated[StrictStr, Field(min_length=1, max_length=256)] | None = None
-    # Accepted and ignored on purpose (fields.IGNORED_FIELDS)
-    user: StrictStr | None = None
-    metadata: dict[StrictStr, StrictStr] | None = None
-    store: StrictBool | None = None
-    service_tier: StrictStr | None = None
-    prompt_cache_key: StrictStr | None = None
-    safety_identifier: StrictStr | None = None
-    # vLLM / llama.cpp extensions
-    top_k: Annotated[StrictInt, Field(ge=-1)] | None = None
-    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
-    repetition_penalty: Annotated[float, Field(gt=0.0)] | None = None
-    ignore_eos: StrictBool | None = None
-    min_tokens: Annotated[StrictInt, Field(ge=0)] | None = None
 
 
-class ChatCompletionRequest(SamplingFields):
+class ChatCompletionRequest(CompletionsFields):
     # Counted before validation (precount.py); the exact limits are checked where they apply.
     counted_items: ClassVar[dict[str, int]] = {"messages": MAX_LISTED_ITEMS, "tools": MAX_TOOLS,
                                                "metadata": MAX_METADATA_PAIRS}
@@ -204,7 +170,7 @@ class ChatCompletionRequest(SamplingFields):
     web_search_options: refused("web search is not implemented") = None
 
 
-class CompletionRequest(SamplingFields):
+class CompletionRequest(CompletionsFields):
     counted_items: ClassVar[dict[str, int]] = {"prompt": MAX_LISTED_ITEMS, "metadata": MAX_METADATA_PAIRS}
     # A string, strings, token ids, or lists of token ids: one choice (or n) per prompt.
     prompt: StrictStr | list[StrictStr] | TokenIds | list[TokenIds]
@@ -217,7 +183,7 @@ class CompletionRequest(SamplingFields):
     suffix: refused("insertion (suffix) is not implemented", allowed=("",)) = None
 
 
-class TokenizeRequest(_Strict):
+class TokenizeRequest(Strict):
     """vLLM's /tokenize (and llama.cpp's `content`)."""
 
     counted_items: ClassVar[dict[str, int]] = {"messages": MAX_LISTED_ITEMS}
@@ -232,6 +198,6 @@ class TokenizeRequest(_Strict):
     return_token_strs: StrictBool = False
 
 
-class DetokenizeRequest(_Strict):
+class DetokenizeRequest(Strict):
     model: StrictStr | None = None
     tokens: list[StrictInt]

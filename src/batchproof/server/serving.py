@@ -14,12 +14,12 @@ from batchproof.common.wire import REPLICA_HEADER
 from batchproof.engine.async_engine import Opened
 from batchproof.engine.sequence import RequestOutput
 from batchproof.server.engine_client import Backend
+from batchproof.server.entries import ids_mismatch
 from batchproof.server.errors import APIError, count_mismatch
-from batchproof.server.formatting import Delta, ReplyFormatter
-from batchproof.server.formatting.entries import ids_mismatch
 from batchproof.server.merge import merge
 from batchproof.server.metrics import Metrics
 from batchproof.server.plan import Plan
+from batchproof.server.reply_formatter import Delta, ReplyFormatter
 from batchproof.server.state import ServerState
 
 QUEUE_RETRY_AFTER_S = 1

@@ -47,7 +47,9 @@ class Block:
 
 @dataclass
 class PrefixCacheStats:
-    queried_tokens: int = 0  # prompt tokens of admitted requests
+    """The cache's counters, each counted by the cache itself as it happens (/metrics reads them)."""
+
+    queried_tokens: int = 0  # prompt tokens looked up (match)
     hit_tokens: int = 0  # of those, served from the cache
     inserted_blocks: int = 0
     evicted_blocks: int = 0
@@ -82,7 +84,8 @@ class PrefixCache:
 
     def match(self, token_ids: list[int], limit: int, need_hidden: bool, namespace: str = "") -> list[Block]:
         """The cached blocks that open token_ids in `namespace`, covering at most `limit` tokens
-        (and, when asked, only blocks that kept their hidden states)."""
+        (and, when asked, only blocks that kept their hidden states). Counted: all of token_ids
+        looked up, the blocks' tokens served."""
         keys = self.keys(token_ids, limit // self.block_size, namespace)
         found: list[Block] = []
         for key in keys:
@@ -91,6 +94,8 @@ class PrefixCache:
                 break
             found.append(block)
         self._touch(keys[:len(found)])
+        self.stats.queried_tokens += len(token_ids)
+        self.stats.hit_tokens += len(found) * self.block_size
         return found
 
     def missing(self, keys: list[bytes], need_hidden: bool) -> list[int]:

@@ -1,2 +1,3 @@
-"""The Responses API (POST /v1/responses): a translation onto the chat route's plan and a
-formatter of its deltas as OpenAI's response objects and semantic events."""
+"""The Responses API (POST /v1/responses): its request (protocol.py), its route, its translation
+onto a chat request that chat's plan then plans, the formatter of its deltas as OpenAI's
+response objects and semantic events, and the store previous_response_id reads."""

@@ -20,8 +20,8 @@ from typing import Any
 from batchproof.common.wire import dumps
 from batchproof.engine.sequence import RequestOutput
 from batchproof.engine.text.tokenizer import Tokenizer
+from batchproof.server.entries import chat_entry
 from batchproof.server.errors import APIError, count_mismatch
-from batchproof.server.formatting.entries import chat_entry
 from batchproof.server.tools import reply as tool_reply
 from batchproof.server.tools.choice import ToolPlan
 

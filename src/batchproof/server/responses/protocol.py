@@ -5,31 +5,21 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, StrictBool, StrictInt, StrictStr
 
-from batchproof.server.fields import refused
 from batchproof.server.precount import MAX_LISTED_ITEMS
-from batchproof.server.protocol import (
-    MAX_METADATA_PAIRS,
-    MAX_TOOLS,
-    JsonSchemaFormat,
-    LogprobsMode,
-    NumLogprobs,
-    Penalty,
-    Probability,
-    Seed,
-    Temperature,
-    _Strict,
-)
+from batchproof.server.protocol import MAX_METADATA_PAIRS, MAX_TOOLS, JsonSchemaFormat
+from batchproof.server.sampling_fields import NumLogprobs, SamplingFields
+from batchproof.server.unsupported_fields import Strict, refused
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 ONLY_TEXT = "only text content is served"
 
 
-class InputText(_Strict):
+class InputText(Strict):
     type: Literal["input_text"]
     text: StrictStr
 
 
-class OutputText(_Strict):
+class OutputText(Strict):
     """An assistant's earlier text, as a client echoes a response's output back."""
 
     type: Literal["output_text"]
@@ -42,7 +32,7 @@ class OutputText(_Strict):
 ContentPart = dict[StrictStr, Any]
 
 
-class MessageItem(_Strict):
+class MessageItem(Strict):
     type: Literal["message"] = "message"
     role: Literal["system", "developer", "user", "assistant"]
     content: StrictStr | list[ContentPart]
@@ -51,7 +41,7 @@ class MessageItem(_Strict):
     phase: StrictStr | None = None
 
 
-class FunctionCallItem(_Strict):
+class FunctionCallItem(Strict):
     """A call the model made earlier (a response's `function_call` output, echoed back)."""
 
     type: Literal["function_call"]
@@ -63,7 +53,7 @@ class FunctionCallItem(_Strict):
     logprobs: list[Any] | None = None  # ours, echoed back (the call's tokens' entries): accepted and ignored
 
 
-class FunctionCallOutputItem(_Strict):
+class FunctionCallOutputItem(Strict):
     """The client's result for a call."""
 
     type: Literal["function_call_output"]
@@ -73,7 +63,7 @@ class FunctionCallOutputItem(_Strict):
     status: StrictStr | None = None
 
 
-class FunctionTool(_Strict):
+class FunctionTool(Strict):
     type: Literal["function"]
     name: Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
     description: StrictStr | None = None
@@ -81,12 +71,12 @@ class FunctionTool(_Strict):
     strict: StrictBool | None = None  # accepted either way: arguments are always generated under the schema
 
 
-class NamedFunctionChoice(_Strict):
+class NamedFunctionChoice(Strict):
     type: Literal["function"]
     name: StrictStr
 
 
-class TextFormat(_Strict):
+class TextFormat(Strict):
     """`text.format`: Chat's response_format, with the json_schema's fields spelled flat."""
 
     type: Literal["text", "json_object", "json_schema"]
@@ -100,54 +90,35 @@ class TextFormat(_Strict):
                                                 "schema": self.schema_, "strict": self.strict})
 
 
-class TextConfig(_Strict):
+class TextConfig(Strict):
     format: TextFormat | None = None
     verbosity: refused("the model has no verbosity setting") = None
 
 
-class ResponsesStreamOptions(_Strict):
+class ResponsesStreamOptions(Strict):
     include_obfuscation: StrictBool | None = None  # accepted and ignored: no obfuscation padding is written
 
 
-class ResponsesRequest(_Strict):
+class ResponsesRequest(SamplingFields):
+    # The shared fields (sampling_fields.py: the model, sampling and stopping, the salt; metadata
+    # and user echoed in the response, store keeping it) and the Responses API's own. (A comment,
+    # not a docstring: a docstring would become the OpenAPI document's description.)
     # Counted before validation (precount.py); the exact limits are checked where they apply.
     counted_items: ClassVar[dict[str, int]] = {"input": MAX_LISTED_ITEMS, "tools": MAX_TOOLS,
                                                "metadata": MAX_METADATA_PAIRS}
-    model: StrictStr | None = None
     input: StrictStr | list[dict[StrictStr, Any]]  # items are read one by one (translate.py), to name the bad one
     instructions: StrictStr | None = None
     max_output_tokens: StrictInt | None = None
-    temperature: Temperature | None = None
-    top_p: Probability | None = None
     top_logprobs: NumLogprobs | None = None
     include: list[StrictStr] | None = None
     text: TextConfig | None = None
     tools: list[dict[StrictStr, Any]] | None = None  # each read in translate.py: a function, or refused by type
     tool_choice: Literal["none", "auto", "required"] | dict[StrictStr, Any] | None = None
     parallel_tool_calls: StrictBool | None = None
-    stream: StrictBool | None = None
     stream_options: ResponsesStreamOptions | None = None
-    metadata: dict[StrictStr, StrictStr] | None = None  # echoed in the response
-    user: StrictStr | None = None  # echoed in the response
-    store: StrictBool | None = None  # default true, as OpenAI's: kept in bounded memory (store.py)
     previous_response_id: StrictStr | None = None
-    # Accepted and ignored on purpose, as on the chat route (fields.IGNORED_FIELDS)
-    service_tier: StrictStr | None = None
-    prompt_cache_key: StrictStr | None = None
+    # Accepted and ignored on purpose, as the shared ones (unsupported_fields.IGNORED_FIELDS)
     prompt_cache_retention: StrictStr | None = None
-    safety_identifier: StrictStr | None = None
-    # batchproof's and vLLM's extensions, as on the chat route
-    seed: Seed | None = None
-    top_k: Annotated[StrictInt, Field(ge=-1)] | None = None
-    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
-    repetition_penalty: Annotated[float, Field(gt=0.0)] | None = None
-    presence_penalty: Penalty | None = None
-    frequency_penalty: Penalty | None = None
-    stop: StrictStr | list[StrictStr] | None = None
-    ignore_eos: StrictBool | None = None
-    min_tokens: Annotated[StrictInt, Field(ge=0)] | None = None
-    logprobs_mode: LogprobsMode | None = None
-    cache_salt: Annotated[StrictStr, Field(min_length=1, max_length=256)] | None = None
     # Known and not served: a 400 naming the field unless it asks for nothing.
     background: refused("background responses are not served; send the request and wait", allowed=(False,)) = None
     conversation: refused("conversations are not stored; use previous_response_id") = None

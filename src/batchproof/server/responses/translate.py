@@ -1,6 +1,6 @@
 """A Responses request as the chat request it means: input items become chat messages,
-`text.format` becomes `response_format`, flat function tools become chat tools. The chat route
-then plans it, so sampling, stopping, masks and logprobs have one implementation."""
+`text.format` becomes `response_format`, flat function tools become chat tools. Chat's plan
+(chat/plan.py) then plans it, so sampling, stopping, masks and logprobs have one implementation."""
 
 from typing import Any
 
@@ -17,16 +17,18 @@ from batchproof.server.responses.protocol import (
     NamedFunctionChoice,
     ResponsesRequest,
 )
+from batchproof.server.sampling_fields import SamplingFields
 from batchproof.server.tools.choice import check_num_tools
+from batchproof.server.unsupported_fields import IGNORED_FIELDS
 
 TEXT_PARTS = ("input_text", "output_text")
 # Chat's spelling of a field -> the Responses one, for the errors the chat route's checks raise.
 RENAMED = (("response_format.json_schema.schema", "text.format.schema"), ("response_format.json_schema", "text.format"),
            ("response_format", "text.format"), ("max_completion_tokens", "max_output_tokens"), ("messages", "input"))
-# Chat request fields a Responses request sets under the same name.
-SAME_FIELDS = ("model", "temperature", "top_p", "seed", "stream", "parallel_tool_calls", "top_k", "min_p",
-               "repetition_penalty", "presence_penalty", "frequency_penalty", "stop", "ignore_eos", "min_tokens",
-               "logprobs_mode", "cache_salt")
+# Chat request fields a Responses request sets under the same name: the shared fields both
+# requests extend (the bookkeeping ones stay with the Responses request, which echoes and stores
+# by them), and parallel_tool_calls, the one tool field spelled alike.
+SAME_FIELDS = (*(name for name in SamplingFields.model_fields if name not in IGNORED_FIELDS), "parallel_tool_calls")
 
 Message = dict[str, Any]  # a chat message, as ChatCompletionRequest reads it
 

@@ -1,11 +1,12 @@
-"""Prefix reuse around a sequence's prefill: before it, what the cache holds of the prompt
-(copied into the sequence's slot); after it, the prompt's new whole blocks kept; and as the
-sequence leaves its slot, the blocks of prompt and reply it computed.
+"""The cache manager (mini-sglang's CacheManager): one object owns the batch slots' KV regions
+and the prefix cache, and answers every question about them.
 
-The glue between the prefix cache (keyed blocks), the KV cache (slots) and prompt scoring:
-the runner calls `reuse` and `keep_prompt`, the release of a slot `keep_retired`. A request
-with a cache_namespace of None neither reuses nor leaves prefixes; with no cache (off, or a
-backend that cannot promise the bits) every call does nothing."""
+A slot is taken and given back here only. Given back, the prefix cache first keeps the whole
+blocks of prompt and reply its sequence computed, then the slot's pages go back to the OS,
+before a newcomer given the slot writes it. Around a prompt's prefill: before it, what the
+cache holds of the prompt is copied into the slot; after it, the prompt's new whole blocks
+are kept. A request with a cache_namespace of None neither reuses nor leaves prefixes; with
+no prefix cache (off, or a backend that cannot promise the bits) only the slots are managed."""
 
 from dataclasses import dataclass, field
 
@@ -28,13 +29,45 @@ class Reused:
     unscored: list[tuple[int, torch.Tensor]] = field(default_factory=list)
 
 
-class PrefixReuse:
-    def __init__(self, cache: PrefixCache | None, kv: KVCache) -> None:
-        self.cache = cache
+class CacheManager:
+    def __init__(self, kv: KVCache, prefix_cache: PrefixCache | None) -> None:
         self.kv = kv
+        # Replaced with the weights (engine.install_weights): its keys name the model that computed them.
+        self.prefix_cache = prefix_cache
+        self._free_slots: list[int] = list(range(kv.num_slots - 1, -1, -1))  # pop() hands out slot 0 first
+
+    # --- slots -------------------------------------------------------------------------------
+
+    @property
+    def num_free_slots(self) -> int:
+        return len(self._free_slots)
+
+    def take_slot(self, seq: Sequence) -> bool:
+        """Give seq a free slot (False: none is free)."""
+        if not self._free_slots:
+            return False
+        seq.slot = self._free_slots.pop()
+        return True
+
+    def free_slot(self, seq: Sequence) -> None:
+        """seq leaves its slot (one aborted while it waited never had one): the prefix cache
+        keeps what it computed, the slot's pages go back to the OS, and the slot is free."""
+        if seq.slot is None:
+            return
+        self._keep_retired(seq)
+        self.kv.release(seq.slot)
+        self._free_slots.append(seq.slot)
+        seq.slot = None
+
+    def make_room(self, running: list[Sequence]) -> None:
+        """Cached blocks make way for the running sequences' keys and values (one budget)."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.make_room(sum(s.num_tokens for s in running) * self.kv.bytes_per_token)
+
+    # --- the prefix cache around a prefill ---------------------------------------------------
 
     def _cache_for(self, seq: Sequence) -> PrefixCache | None:
-        return None if seq.params.cache_namespace is None else self.cache
+        return None if seq.params.cache_namespace is None else self.prefix_cache
 
     def reuse(self, seq: Sequence) -> Reused:
         """Before prefill: copy the cached blocks that open seq's prompt into its slot."""
@@ -46,8 +79,6 @@ class PrefixReuse:
         blocks = cache.match(seq.prompt_ids, n - 1, need_hidden=top_n is not None,
                              namespace=seq.params.cache_namespace)
         begin = len(blocks) * size
-        cache.stats.queried_tokens += n
-        cache.stats.hit_tokens += begin
         seq.num_cached_tokens = begin
         for i, block in enumerate(blocks):
             self.kv.write_block(seq.slot, i * size, block.k, block.v)
@@ -82,11 +113,11 @@ class PrefixReuse:
         if top_n is not None:  # blocks it found without records at this top-N learn them
             cache.add_records(keys, records, top_n)
 
-    def keep_retired(self, seq: Sequence) -> None:
+    def _keep_retired(self, seq: Sequence) -> None:
         """As seq leaves its slot (which still holds its keys): its room is the cache's again,
         and the cache keeps the whole blocks of prompt and reply it computed (not the last
         token chosen: it was never fed back)."""
-        cache = self.cache
+        cache = self.prefix_cache
         if cache is None:
             return
         cache.leaving(seq.num_tokens * self.kv.bytes_per_token)
@@ -96,12 +127,8 @@ class PrefixReuse:
         keys = cache.keys(tokens, len(tokens) // cache.block_size, seq.params.cache_namespace)
         cache.insert(keys, {i: self._block(seq.slot, i, None) for i in cache.missing(keys, need_hidden=False)})
 
-    def make_room(self, running: list[Sequence]) -> None:
-        """Cached blocks make way for the running sequences' keys and values (one budget)."""
-        if self.cache is not None:
-            self.cache.make_room(sum(s.num_tokens for s in running) * self.kv.bytes_per_token)
-
     def _block(self, slot: int, index: int, hidden: torch.Tensor | None, records: list | None = None,
                records_top: int = 0) -> Block:
-        k, v = self.kv.read_block(slot, index * self.cache.block_size, self.cache.block_size)
+        size = self.prefix_cache.block_size
+        k, v = self.kv.read_block(slot, index * size, size)
         return Block(k, v, None if hidden is None else hidden.clone(), records, records_top)

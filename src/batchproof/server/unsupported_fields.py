@@ -1,14 +1,20 @@
 """What we do with OpenAI request fields we do not honour: refuse them, or ignore a few on purpose.
 
-Unknown fields are refused too (the request models forbid extras): a server whose promise is
-"never a 200 without what you asked for" cannot drop a field it does not understand.
-The table of every field is in docs/api-fields.md.
+Unknown fields are refused too (every request model extends `Strict`, which forbids extras): a
+server whose promise is "never a 200 without what you asked for" cannot drop a field it does not
+understand. The table of every field is in docs/api-fields.md.
 """
 
 from typing import Annotated, Any
 
-from pydantic import AfterValidator
+from pydantic import AfterValidator, BaseModel, ConfigDict
 from pydantic_core import PydanticCustomError
+
+
+class Strict(BaseModel):
+    # Unknown fields are refused (this module's docstring says why); known ones are typed strictly.
+    model_config = ConfigDict(strict=True, extra="forbid")
+
 
 # Accepted and ignored on purpose: bookkeeping for the caller or for OpenAI's billing and
 # storage, with no effect on the tokens or logprobs a server computes.

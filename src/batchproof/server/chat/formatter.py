@@ -4,9 +4,9 @@ import time
 
 from batchproof.engine.sequence import RequestOutput
 from batchproof.engine.text.tokenizer import Tokenizer
+from batchproof.server.entries import chat_entry, prompt_logprobs, reply_token_ids, summed_usage
 from batchproof.server.errors import count_mismatch
-from batchproof.server.formatting import ChunkStream
-from batchproof.server.formatting.entries import chat_entry, prompt_logprobs, reply_token_ids, summed_usage
+from batchproof.server.reply_formatter import ChunkStream
 from batchproof.server.tools import reply as tool_reply
 from batchproof.server.tools.choice import ToolPlan
 

@@ -5,15 +5,15 @@ from dataclasses import dataclass
 
 from batchproof.engine.sequence import RequestOutput
 from batchproof.engine.text.tokenizer import Tokenizer
-from batchproof.server.errors import count_mismatch
-from batchproof.server.formatting import ChunkStream
-from batchproof.server.formatting.entries import (
+from batchproof.server.entries import (
     TextOffsets,
     legacy_logprobs,
     prompt_logprobs,
     reply_token_ids,
     summed_usage,
 )
+from batchproof.server.errors import count_mismatch
+from batchproof.server.reply_formatter import ChunkStream
 
 
 @dataclass(frozen=True)

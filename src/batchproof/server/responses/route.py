@@ -1,6 +1,6 @@
-"""POST /v1/responses (and GET/DELETE of a stored one): the Responses API as a formatter over the
-chat route's plan and the same runner, so a conversation gets the same tokens and logprobs
-through either API."""
+"""POST /v1/responses (and GET/DELETE of a stored one): the Responses API as a formatter over
+chat's plan (chat/plan.py) and the same runner, so a conversation gets the same tokens and
+logprobs through either API."""
 
 from typing import Any
 
@@ -9,13 +9,13 @@ from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from batchproof.server.auth import tenant
+from batchproof.server.chat.plan import plan_chat
 from batchproof.server.errors import APIError, shown
 from batchproof.server.plan import Plan, logprobs_label
 from batchproof.server.protocol import ChatCompletionRequest, check_metadata
 from batchproof.server.responses.formatter import ResponsesFormatter
 from batchproof.server.responses.protocol import ResponsesRequest
 from batchproof.server.responses.translate import Message, chat_request, input_messages, renamed
-from batchproof.server.routes.chat import plan_chat
 from batchproof.server.serving import reply, submit
 from batchproof.server.state import ServerState, parse_body
 from batchproof.server.tools.choice import ToolPlan

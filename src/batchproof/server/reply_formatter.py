@@ -1,4 +1,5 @@
-"""Replies in OpenAI's shapes: one formatter object per endpoint, and the entries they share."""
+"""What an endpoint's formatter is (one per endpoint, in its package; serving.py drives it), and
+the Chat Completions family's stream framing, which chat's and legacy completions' share."""
 
 from typing import Protocol
 

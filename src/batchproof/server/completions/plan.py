@@ -1,13 +1,7 @@
-"""POST /v1/completions: the legacy shape, with echo, prompt scoring (max_tokens 0) and every
-prompt shape OpenAI allows (a string, strings, token ids, lists of token ids)."""
+"""Legacy completions' plan: every prompt shape OpenAI allows (a string, strings, token ids, lists
+of token ids) as token ids, echo and prompt scoring (max_tokens 0) checked, and what the engine runs."""
 
-from fastapi import APIRouter, Request
-from fastapi.responses import Response
-from starlette.concurrency import run_in_threadpool
-
-from batchproof.server.auth import tenant
 from batchproof.server.errors import APIError
-from batchproof.server.formatting.completions import CompletionsFormatter, CompletionsShape
 from batchproof.server.plan import (
     MAX_COMPLETION_STOP_STRINGS,
     Plan,
@@ -15,15 +9,12 @@ from batchproof.server.plan import (
     check_model,
     check_sequences,
     check_text_fits,
-    logprobs_label,
     plan_request,
 )
 from batchproof.server.protocol import CompletionRequest, check_metadata
-from batchproof.server.serving import reply, submit
-from batchproof.server.state import ServerState, parse_body
+from batchproof.server.state import ServerState
 from batchproof.server.structured import request_constraint
 
-router = APIRouter()
 LEGACY_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this route
 
 
@@ -59,9 +50,8 @@ def _prompts(req: CompletionRequest, state: ServerState) -> list[list[int]]:
     return prompts
 
 
-def _plan(body: bytes, state: ServerState, key_id: str | None) -> tuple[CompletionRequest, Plan]:
-    """Parse and tokenize: on a worker thread (a maximal body takes seconds)."""
-    req = parse_body(CompletionRequest, body)
+def plan_completions(req: CompletionRequest, state: ServerState, key_id: str | None) -> Plan:
+    """A parsed completions request -> what the engine runs: P prompts x n choices."""
     check_model(req.model, state.served_model_name)
     check_metadata(req.metadata)
     prompts = _prompts(req, state)
@@ -76,18 +66,4 @@ def _plan(body: bytes, state: ServerState, key_id: str | None) -> tuple[Completi
                     prompt_logprobs=max(asked) if asked else None, allow_zero_tokens=bool(req.echo),
                     max_stop_strings=MAX_COMPLETION_STOP_STRINGS)
     constraint = request_constraint(req.response_format, req.structured_outputs, state.front.tokenizer)
-    return req, plan_request(req, state.front, state.limits, prompts, wanted, key_id, constraint)
-
-
-@router.post("/v1/completions", response_model=None)
-async def completions(request: Request) -> Response:
-    state: ServerState = request.app.state.server
-    req, plan = await run_in_threadpool(_plan, await request.body(), state, tenant(request))
-    submitted = await submit(state, plan, "cmpl")
-    shape = CompletionsShape(num_logprobs=req.logprobs, echo=bool(req.echo),
-                             num_prompt_logprobs=req.prompt_logprobs, include_usage=plan.include_usage,
-                             label=logprobs_label(plan.choices[0].params),
-                             return_token_ids=bool(req.return_token_ids))
-    formatter = CompletionsFormatter(submitted.request_id, state.served_model_name, state.front.tokenizer,
-                                     plan.prompts, len(plan.choices) // len(plan.prompts), shape)
-    return await reply(request, submitted, state.config.request_timeout_s, bool(req.stream), formatter)
+    return plan_request(req, state.front, state.limits, prompts, wanted, key_id, constraint)

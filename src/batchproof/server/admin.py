@@ -7,12 +7,11 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, StrictStr
 from starlette.concurrency import run_in_threadpool
 
-from batchproof.engine.async_engine import AsyncEngine
 from batchproof.engine.model.errors import ModelLoadError
 from batchproof.server.auth import tenant
+from batchproof.server.chat.messages import render_chat
 from batchproof.server.errors import APIError
 from batchproof.server.info import numerics_id, server_info, tokenizer_facts
-from batchproof.server.messages import render_chat
 from batchproof.server.plan import check_model
 from batchproof.server.protocol import DetokenizeRequest, TokenizeRequest
 from batchproof.server.state import ServerState, parse_body
@@ -172,7 +171,7 @@ async def load_weights(request: Request) -> dict:
                        type_="permission_error")
     _ = state.client  # a 503 while the model loads or after it failed
     backend = state.backend
-    if not isinstance(backend, AsyncEngine):
+    if not backend.supports_weight_updates:
         raise APIError(501, "load_weights runs on a single engine, not through a fleet's router",
                        type_="not_implemented_error")
     req = parse_body(LoadWeightsRequest, await request.body())

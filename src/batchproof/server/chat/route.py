@@ -1,0 +1,36 @@
+"""POST /v1/chat/completions: parse, plan, submit, and format (streamed or whole)."""
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
+
+from batchproof.server.auth import tenant
+from batchproof.server.chat.formatter import ChatFormatter
+from batchproof.server.chat.plan import plan_chat
+from batchproof.server.plan import Plan, logprobs_label
+from batchproof.server.protocol import ChatCompletionRequest
+from batchproof.server.serving import reply, submit
+from batchproof.server.state import ServerState, parse_body
+from batchproof.server.tools.choice import ToolPlan
+
+router = APIRouter()
+
+
+def _plan(body: bytes, state: ServerState, key_id: str | None
+          ) -> tuple[ChatCompletionRequest, Plan, ToolPlan | None]:
+    """Parse, render and tokenize: on a worker thread (a maximal body takes seconds)."""
+    req = parse_body(ChatCompletionRequest, body)
+    return (req, *plan_chat(req, state, key_id))
+
+
+@router.post("/v1/chat/completions", response_model=None)
+async def chat_completions(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    req, plan, tool_plan = await run_in_threadpool(_plan, await request.body(), state, tenant(request))
+    submitted = await submit(state, plan, "chatcmpl")
+    formatter = ChatFormatter(submitted.request_id, state.served_model_name, state.front.tokenizer, len(plan.choices),
+                              wants_records=req.logprobs is True, include_usage=plan.include_usage,
+                              prompt_ids=plan.prompts[0], num_prompt_logprobs=req.prompt_logprobs,
+                              label=logprobs_label(plan.choices[0].params), tool_plan=tool_plan,
+                              return_token_ids=bool(req.return_token_ids))
+    return await reply(request, submitted, state.config.request_timeout_s, bool(req.stream), formatter)

@@ -1,0 +1,36 @@
+"""POST /v1/completions: the legacy shape, with echo, prompt scoring (max_tokens 0) and every
+prompt shape OpenAI allows (a string, strings, token ids, lists of token ids)."""
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
+
+from batchproof.server.auth import tenant
+from batchproof.server.completions.formatter import CompletionsFormatter, CompletionsShape
+from batchproof.server.completions.plan import plan_completions
+from batchproof.server.plan import Plan, logprobs_label
+from batchproof.server.protocol import CompletionRequest
+from batchproof.server.serving import reply, submit
+from batchproof.server.state import ServerState, parse_body
+
+router = APIRouter()
+
+
+def _plan(body: bytes, state: ServerState, key_id: str | None) -> tuple[CompletionRequest, Plan]:
+    """Parse and tokenize: on a worker thread (a maximal body takes seconds)."""
+    req = parse_body(CompletionRequest, body)
+    return req, plan_completions(req, state, key_id)
+
+
+@router.post("/v1/completions", response_model=None)
+async def completions(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    req, plan = await run_in_threadpool(_plan, await request.body(), state, tenant(request))
+    submitted = await submit(state, plan, "cmpl")
+    shape = CompletionsShape(num_logprobs=req.logprobs, echo=bool(req.echo),
+                             num_prompt_logprobs=req.prompt_logprobs, include_usage=plan.include_usage,
+                             label=logprobs_label(plan.choices[0].params),
+                             return_token_ids=bool(req.return_token_ids))
+    formatter = CompletionsFormatter(submitted.request_id, state.served_model_name, state.front.tokenizer,
+                                     plan.prompts, len(plan.choices) // len(plan.prompts), shape)
+    return await reply(request, submitted, state.config.request_timeout_s, bool(req.stream), formatter)

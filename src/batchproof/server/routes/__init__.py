@@ -1,1 +1,0 @@
-"""One module per endpoint family: a thin router that parses, plans, submits and formats."""
