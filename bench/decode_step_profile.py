@@ -3,6 +3,7 @@ fused path), the LM head, the normaliser/top-k and greedy choice (outputs), and 
 (scheduler, sequences, Python between steps). Run on a quiet machine:
 
     python bench/decode_step_profile.py [--model gemma3-270m] [--tokens 128] [--top-logprobs 5] [--streams 16]
+        [--numerics int8] [--threads 1]
 
 With --streams N, N requests decode together (the first steps, which prefill them, are not
 counted).
@@ -35,8 +36,10 @@ def main() -> None:
     parser.add_argument("--top-logprobs", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--streams", type=int, default=1)
+    parser.add_argument("--numerics", default="float32", choices=["float32", "int8"])
+    parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
-    engine = in_process.load_engine(args.model, prefix_cache=False)
+    engine = in_process.load_engine(args.model, prefix_cache=False, numerics=args.numerics, num_threads=args.threads)
     model, spent = engine.model, defaultdict(float)
     model.decode = timed(spent, "forward: layers + embedding", model.decode)
     model.logits = timed(spent, "LM head", model.logits)
@@ -63,7 +66,8 @@ def main() -> None:
                                                                                     if k != "step (all)"), 3)
         rows.append(row)
     median = {key: statistics.median(row[key] for row in rows) for key in rows[0]}
-    print(json.dumps({"model": str(engine.model_path.name), "ms_per_step_median": median, "runs": rows}, indent=1))
+    print(json.dumps({"model": str(engine.model_path.name), "numerics": args.numerics, "streams": args.streams,
+                      "threads": engine.num_threads, "ms_per_step_median": median, "runs": rows}, indent=1))
 
 
 if __name__ == "__main__":

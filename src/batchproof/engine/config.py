@@ -49,6 +49,14 @@ class EngineConfig:
         metadata={"help": "native: matmul weights stay in their GGUF blocks (our kernels dequantize as they "
                           "multiply, bitwise the float32 result); float32: dequantized at load"},
     )
+    numerics: Literal["float32", "int8"] = field(
+        default="float32",
+        metadata={"help": "float32: every weight the float gguf.quants gives, times float32 activations (exact: "
+                          "re-scoring against a float trainer matches); int8: each activation row quantized to "
+                          "int8 per block of 32, integer dots with the weights' own quants (faster, an "
+                          "approximation; equally batch-invariant; its own numerics_id). int8 needs native "
+                          "weights on our CPU kernels"},
+    )
     prefix_cache: bool = field(
         default=True,
         metadata={"help": "reuse the keys and values of prompt prefixes already computed (bitwise the same "
@@ -70,6 +78,8 @@ class EngineConfig:
     )
 
     def __post_init__(self) -> None:
+        require(self.numerics == "float32" or self.weights == "native",
+                f"numerics int8 multiplies the weights' own quants: it needs weights native, got {self.weights}")
         require(self.max_batch >= 1, f"max_batch must be >= 1, got {self.max_batch}")
         require(self.batch_window_ms >= 0, f"batch_window_ms must be >= 0, got {self.batch_window_ms}")
         require(

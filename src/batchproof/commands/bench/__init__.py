@@ -4,7 +4,8 @@ Every figure is measured in this run; `--vs URL` measures a peer server (llama.c
 llama-server, say) with the same workload right after ours, so ratios compare like
 with like on one machine. A flag picks a bench of its own (`--prefix-cache`, `--fleet`,
 `--structured`), one module each here; `servers` starts what they measure and `http`
-measures it, the same way for every bench.
+measures it, the same way for every bench. `--write-model PATH` writes a random-weight GGUF
+in a larger model's shapes to measure on (`random_model`).
 """
 
 import argparse
@@ -40,10 +41,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--structured", action="store_true",
                         help="only measure structured output: decode under a JSON schema against free, c=1 and c=16")
     parser.add_argument("--json", type=Path, help="also write every figure to this file")
+    parser.add_argument("--write-model", type=Path, metavar="PATH",
+                        help="only write a GGUF of random quantized weights in --shape with the default model's "
+                             "tokenizer (speed and memory benches only: its text is noise), then exit")
+    parser.add_argument("--shape", default="llama-1b",
+                        help="--write-model's shapes (default: llama-1b, Llama 3.2 1B's)")
+    parser.add_argument("--mix", default="q4_k_m",
+                        help="--write-model's tensor types, as llama.cpp's quantize picks them: q4_k_m or q4_0")
 
 
 def run(args: argparse.Namespace) -> int:
     # Each bench is imported only when it runs: building the CLI's parser loads this module.
+    if args.write_model:
+        return _write_model(args)
     if args.prefix_cache:
         from batchproof.commands.bench import prefix_cache
 
@@ -77,4 +87,26 @@ def _own_bench(args: argparse.Namespace, key: str, measure: Callable[[], Any], r
     report(figures)
     if args.json:
         save(args.json, {key: figures})
+    return 0
+
+
+def _write_model(args: argparse.Namespace) -> int:
+    from batchproof.commands.bench import random_model
+
+    shape = random_model.SHAPES.get(args.shape)
+    if shape is None or args.mix not in random_model.MIXES:
+        print(f"batchproof bench: --shape is one of {', '.join(random_model.SHAPES)} and --mix one of "
+              f"{', '.join(random_model.MIXES)} (got {args.shape!r}, {args.mix!r})", file=sys.stderr)
+        return 2
+    try:
+        written = random_model.write(args.write_model, shape, args.mix, tokenizer_from=args.model)
+    except OSError as e:
+        print(f"batchproof bench: cannot write {args.write_model} ({e.strerror})", file=sys.stderr)
+        return 1
+    except ValueError as e:  # --model: not a model we know, or not a GGUF we read
+        print(f"batchproof bench: {e}", file=sys.stderr)
+        return 1
+    params = sum(t.rows * t.k for t in written)
+    print(f"wrote {args.write_model}: {args.shape} {args.mix}, {params / 1e9:.2f}B parameters, "
+          f"{args.write_model.stat().st_size / 1e6:.0f} MB (random weights: for speed and memory only)")
     return 0

@@ -10,6 +10,10 @@ from typing import Any
 
 from batchproof.engine.model.ops import kernels
 
+# The /proc/cpuinfo flags that decide which matmul a server runs (ours and llama.cpp's): AVX2 and
+# FMA, AVX-512, and the integer dot products (VNNI in its 512-bit and its AVX2 spelling).
+ISA_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni", "avx512_bf16")
+
 
 def _cpuinfo() -> dict[str, str]:
     """The first processor's fields from /proc/cpuinfo (empty where there is none)."""
@@ -30,9 +34,12 @@ def describe() -> dict[str, Any]:
     if "cpu family" in info:
         cpu += f" (vendor {info.get('vendor_id', '?')}, family {info['cpu family']}, model {info.get('model', '?')})"
     isa = kernels.ISA_NAMES[kernels.isa_level()] if kernels.available() else "none (torch)"
-    return {"cpus": os.cpu_count(), "host": socket.gethostname(), "cpu": cpu, "kernels_isa": isa}
+    flags = set(info.get("flags", "").split())
+    return {"cpus": os.cpu_count(), "host": socket.gethostname(), "cpu": cpu, "kernels_isa": isa,
+            "cpu_flags": [f for f in ISA_FLAGS if f in flags]}
 
 
 def line(machine: dict[str, Any]) -> str:
-    return (f"machine: {machine.get('cpu', '?')}, {machine.get('cpus', '?')} CPUs, "
+    flags = f" ({' '.join(machine['cpu_flags']) or 'no AVX2'})" if "cpu_flags" in machine else ""  # older files: none
+    return (f"machine: {machine.get('cpu', '?')}, {machine.get('cpus', '?')} CPUs{flags}, "
             f"kernels at {machine.get('kernels_isa', '?')}")

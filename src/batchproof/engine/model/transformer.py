@@ -8,7 +8,7 @@ import torch
 from batchproof.engine.cache.kv_cache import KVCache
 from batchproof.engine.model.ops import HeadLayout, Ops, RopeTables
 from batchproof.engine.model.spec import ModelFile, ModelSpec
-from batchproof.engine.model.weights import QuantWeight, RawTensor, as_raw, quant_weight
+from batchproof.engine.model.weights import QuantWeight, RawTensor, as_raw
 
 Weight = torch.Tensor | QuantWeight  # float (torch) or kept in its GGUF blocks
 
@@ -91,9 +91,10 @@ class Transformer:
             return get(name) if name in t else None
 
         def matmul(*names: str) -> Weight:
-            """One weight from tensors side by side: kept in blocks if the file read kept them."""
+            """One weight from tensors side by side: kept quantized if the file read kept them
+            (in the layout the ops multiply), else a float tensor."""
             if any(isinstance(t[n], RawTensor) for n in names):
-                return quant_weight(*(as_raw(t[n]) for n in names))
+                return ops.quant_weight(*(as_raw(t[n]) for n in names))
             return torch.cat([get(n) for n in names]) if len(names) > 1 else get(names[0])
 
         layers = []
@@ -114,6 +115,8 @@ class Transformer:
                 post_ffn_norm=maybe(p + "post_ffn_norm"),
             ))
             model_file.drop_resident_pages()  # this layer's weights are copied out
+        # In the layout the ops multiply, which the embedding lookup also reads: a tied LM head is
+        # the same object, held once.
         embed = matmul("embed")
         lm_head = matmul("lm_head") if "lm_head" in t else embed
         rope_freqs = torch.from_numpy(t["rope_freqs"]) if "rope_freqs" in t else None

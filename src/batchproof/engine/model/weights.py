@@ -19,6 +19,9 @@ class QuantPart:
     data: np.ndarray  # [rows, row_bytes] uint8: rows of GGUF blocks, C-contiguous, owned
     qtype: int  # GGML type id
     rows: int
+    # "blocks": the file's GGUF blocks; "int8x8": the int8 numerics' layout (8 rows interleaved,
+    # scales formed once: quant_int8.h), data then [tiles of 8 rows, bytes a tile].
+    layout: str = "blocks"
 
 
 @dataclass(frozen=True)

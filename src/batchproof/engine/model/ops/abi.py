@@ -17,6 +17,11 @@ SIGNATURES = {
     "bp_numerics_version": (c_char_p, []),
     "bp_linear_f32": (None, [c_void_p] * 4 + [c_int64] * 3 + [c_int, c_int]),
     "bp_linear_q": (None, [c_void_p, c_void_p, c_int, c_int64, c_void_p, c_void_p] + [c_int64] * 4 + [c_int, c_int]),
+    "bp_linear_q_int8": (None, [c_void_p, c_void_p, c_int, c_int64, c_void_p, c_void_p] + [c_int64] * 4
+                         + [c_int, c_int]),
+    "bp_int8_packed_bytes": (c_int64, [c_int, c_int64, c_int64]),
+    "bp_int8_repack": (None, [c_void_p, c_int, c_int64, c_int64, c_int64, c_void_p]),
+    "bp_int8_dequant_rows": (None, [c_void_p, c_int, c_int64, c_void_p, c_int64, c_void_p]),
     "bp_dequant_rows": (None, [c_void_p, c_int, c_int64, c_int64, c_void_p, c_int64, c_void_p]),
     "bp_block_bytes": (c_int64, [c_int]),
     "bp_block_elems": (c_int64, [c_int]),
@@ -64,7 +69,7 @@ class Shape(ctypes.Structure):
 
     _fields_ = [("dim", c_int64), ("ffn_dim", c_int64), ("num_heads", c_int64), ("num_kv_heads", c_int64),
                 ("head_dim", c_int64), ("rope_dim", c_int64), ("max_len", c_int64), ("rope_style", c_int32),
-                ("mlp_act", c_int32), ("eps", c_float), ("scale", c_float)]
+                ("mlp_act", c_int32), ("eps", c_float), ("scale", c_float), ("numerics", c_int32)]
 
 
 # The C struct each mirrors, in the order of kernels.h's BP_ABI_* ids.

@@ -46,6 +46,10 @@ class Ops(Protocol):
     def decode_rows(self, num_seqs: int, max_batch: int) -> int:
         """How many rows a decode step of num_seqs sequences runs (the rest is padding)."""
 
+    def quant_weight(self, *tensors):
+        """Quantized tensors (RawTensor) side by side as one QuantWeight, held in the layout this
+        backend's linear multiplies and its embedding lookup reads; built once, at load."""
+
     def embedding(self, table, token_ids: torch.Tensor) -> torch.Tensor:
         """Rows token_ids of the embedding table (float or in GGUF blocks) -> [n, dim] float."""
 

@@ -9,7 +9,7 @@ from batchproof.engine.cache.kv_cache import KVCache
 from batchproof.engine.logprobs import Normalizer, TopK
 from batchproof.engine.model.ops import kernels, torch_ops
 from batchproof.engine.model.ops.base import HeadLayout, RopeTables
-from batchproof.engine.model.weights import QuantWeight
+from batchproof.engine.model.weights import QuantWeight, RawTensor, quant_weight
 
 # The architectures whose decode layer layers.c runs: pre-norm, fused QKV (bias optional),
 # per-head Q/K norms (qwen3, gemma3), post-norms, SiLU or GELU-tanh, per-layer RoPE tables and
@@ -21,14 +21,24 @@ class KernelOps:
     batches_prefill = True
     reuses_prefixes = True  # every kernel, attention included, works one row at a time
 
-    def __init__(self, num_threads: int, is_fused: bool = True) -> None:
+    def __init__(self, num_threads: int, is_fused: bool = True, numerics: str = "float32") -> None:
+        assert numerics in ("float32", "int8")
         self.num_threads = num_threads
+        # The numerics, chosen once: which matmul quantized weights run, and their layout.
+        self.is_int8 = numerics == "int8"
+        self._linear_q = kernels.linear_q_int8 if self.is_int8 else kernels.linear_q
         self.is_fused = is_fused  # decode steps in one C call (tests turn it off to compare)
         self._fused: kernels.DecodeLayers | None = None
         self._fused_key: tuple[int, int] | None = None
         self.decode_path = f"{kernels.kernel_name()} kernels, one fixed-order sum per output (batch-invariant)"
         # Every instruction-set path gives the same bits, so the ISA is not part of it.
-        self.numerics = f"batchproof kernels {kernels.numerics_version()}"
+        self.numerics = f"batchproof kernels {kernels.numerics_version()}" + (
+            f", int8 activations {kernels.INT8_NUMERICS}" if self.is_int8 else "")
+
+    def quant_weight(self, *tensors: RawTensor) -> QuantWeight:
+        """Quantized tensors side by side, held as this numerics multiplies them: the file's blocks
+        (float32), or repacked 8 rows interleaved straight from the file (int8)."""
+        return kernels.int8_weight(*tensors) if self.is_int8 else quant_weight(*tensors)
 
     def decode_rows(self, num_seqs: int, max_batch: int) -> int:
         return num_seqs
@@ -45,7 +55,7 @@ class KernelOps:
                residual: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
         # The weight's storage decides the kernel; both add the same terms in the same order.
         if isinstance(w, QuantWeight):
-            return kernels.linear_q(x, w, b, self.num_threads, residual, out)
+            return self._linear_q(x, w, b, self.num_threads, residual, out)
         return kernels.linear(x, w, b, self.num_threads, residual, out)
 
     def qkv_heads(self, qkv: torch.Tensor, layout: HeadLayout, positions: torch.Tensor, rope: RopeTables,
@@ -95,7 +105,7 @@ class KernelOps:
         if self._fused_key != key:  # described once per model and cache (their addresses never move)
             self._fused = kernels.DecodeLayers(
                 model.spec, model.layers, [(rope.cos, rope.sin) for rope in model.ropes], model.windows, cache.k,
-                cache.v, model.scale,
+                cache.v, model.scale, self.is_int8,
             ) if model.spec.arch in FUSED_ARCHS else None
             self._fused_key = key
         if self._fused is None or not self.is_fused:

@@ -66,6 +66,17 @@ void bp_linear_q(const float *x, const uint8_t *w, int type, int64_t row_bytes, 
 void bp_dequant_rows(const uint8_t *w, int type, int64_t row_bytes, int64_t K, const int64_t *ids, int64_t n,
                      float *out);
 int64_t bp_block_bytes(int type);
+/* quant_int8.c: bp_linear_q's arguments, in the int8 numerics (int8 activations per row and
+ * block of 32, integer block dots, one fixed float order across blocks: quant_int8.h), w in
+ * its layout (bp_int8_repack); F16, BF16 and F32 weights, never repacked, run bp_linear_q. */
+void bp_linear_q_int8(const float *x, const uint8_t *w, int type, int64_t row_bytes, const float *b, float *y,
+                      int64_t ldy, int64_t M, int64_t N, int64_t K, int accumulate, int num_threads);
+/* The int8 numerics' weight layout (8 rows interleaved, scales formed once): its bytes for
+ * `rows` rows of K (0 for a type it does not run), and the repack from GGUF blocks into it. */
+int64_t bp_int8_packed_bytes(int type, int64_t rows, int64_t K);
+void bp_int8_repack(const uint8_t *src, int type, int64_t row_bytes, int64_t rows, int64_t K, uint8_t *dst);
+/* Rows ids[0..n) of a weight in that layout -> out [n, K], bp_dequant_rows' floats (the embedding lookup). */
+void bp_int8_dequant_rows(const uint8_t *w, int type, int64_t K, const int64_t *ids, int64_t n, float *out);
 int64_t bp_block_elems(int type);
 
 /* ---------------- per row (elementwise.c) ---------------- */
@@ -117,10 +128,17 @@ typedef struct {
 #define BP_ACT_SILU 0
 #define BP_ACT_GELU_TANH 1
 
+/* The numerics a matmul runs (chosen once, at start): float32 weights times float32
+ * activations, bitwise the dequantized float32 product (quant_linear.c); or int8 activations
+ * times the weights' own quants, integer block dots (quant_int8.c). Both batch-invariant. */
+#define BP_NUMERICS_F32 0
+#define BP_NUMERICS_INT8 1
+
 typedef struct {
     int64_t dim, ffn_dim, num_heads, num_kv_heads, head_dim, rope_dim, max_len;
     int32_t rope_style, mlp_act; /* mlp_act: BP_ACT_* */
     float eps, scale;
+    int32_t numerics; /* BP_NUMERICS_*: which matmul every quantized weight runs */
 } bp_shape;
 
 void bp_decode_layers(const bp_shape *s, const bp_layer *layers, int64_t num_layers, float *x, int64_t M,

@@ -3,11 +3,13 @@ checked, outputs allocated, each call one C function bound in abi.py."""
 
 import ctypes
 
+import numpy as np
 import torch
 
+from batchproof.engine.memory import drop_mapped_range
 from batchproof.engine.model.ops.abi import ACTIVATIONS, MAX_PARTS, Layer, Shape, Weight
 from batchproof.engine.model.ops.abi import load_library as _library
-from batchproof.engine.model.weights import QuantWeight
+from batchproof.engine.model.weights import COPY_CHUNK_BYTES, QuantPart, QuantWeight, RawTensor, owned_rows
 
 ISA_NAMES = {2: "avx512", 1: "avx2", 0: "portable"}
 
@@ -88,7 +90,75 @@ def linear_q(x: torch.Tensor, w: QuantWeight, b: torch.Tensor | None, num_thread
              residual: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """linear() on a weight kept in its GGUF blocks: bitwise the float32 kernel's result on
     the dequantized weight. Each part (Q, K, V may differ in type) fills its own columns."""
+    assert all(part.layout == "blocks" for part in w.parts), "an int8-layout weight in the float numerics"
+    return _linear_blocks(_library().bp_linear_q, x, w, b, num_threads, residual, out)
+
+
+# The int8 numerics' own version (quant_int8.h's definition): change it whenever its bits change.
+INT8_NUMERICS = "int8a-b32-v1"
+
+
+def linear_q_int8(x: torch.Tensor, w: QuantWeight, b: torch.Tensor | None, num_threads: int,
+                  residual: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """linear_q() in the int8 numerics (quant_int8.h): each row of x quantized to int8 per block
+    of 32 on its own, integer block dots, one fixed float order across blocks; F16/BF16 parts
+    run as in linear_q."""
+    assert all(part.layout == "int8x8" or not _library().bp_int8_packed_bytes(part.qtype, 8, w.shape[1])
+               for part in w.parts), "a weight not in the int8 layout (int8_layout)"
+    return _linear_blocks(_library().bp_linear_q_int8, x, w, b, num_threads, residual, out)
+
+
+def int8_layout(w: QuantWeight) -> QuantWeight:
+    """w in the int8 numerics' layout: each quantized part repacked 8 rows interleaved (its
+    scales kept compact, bp_int8_repack), a part at a time; F16/BF16/F32 parts as they are."""
+    return QuantWeight(tuple(_int8_part([part.data], part.qtype, part.rows, w.shape[1]) if part.layout == "blocks"
+                             else part for part in w.parts), w.shape)
+
+
+def int8_weight(*tensors: RawTensor) -> QuantWeight:
+    """quant_weight(*tensors) held in the int8 layout, repacked straight from the file's rows a
+    few MB at a time, each piece's file pages dropped once read: the file's tensor, a copy in
+    blocks and the repacked one are never resident together (Gemma 3's 170 MB embedding was)."""
+    k = tensors[0].shape[1]
+    groups: list[list[RawTensor]] = []
+    for t in tensors:
+        if groups and groups[-1][0].qtype == t.qtype:
+            groups[-1].append(t)
+        else:
+            groups.append([t])
+    parts = []
+    for group in groups:
+        rows = sum(t.shape[0] for t in group)
+        if all(t.shape[0] % 8 == 0 for t in group[:-1]):  # each tensor starts on a tile of its own
+            parts.append(_int8_part([t.data for t in group], group[0].qtype, rows, k))
+        else:
+            parts.append(_int8_part([owned_rows([t.data for t in group])], group[0].qtype, rows, k))
+    return QuantWeight(tuple(parts), (sum(t.shape[0] for t in tensors), k))
+
+
+def _int8_part(sources: list[np.ndarray], qtype: int, rows: int, k: int) -> QuantPart:
+    """Rows of blocks (stacked, every source but the last a whole number of tiles) repacked, or
+    kept in blocks where the type has no int8 kernel (F16, BF16, F32)."""
     lib = _library()
+    size = lib.bp_int8_packed_bytes(qtype, rows, k)
+    if not size:
+        return QuantPart(owned_rows(sources), qtype, rows)
+    tiles = (rows + 7) // 8
+    packed = np.empty((tiles, size // tiles), dtype=np.uint8)
+    tile = 0
+    for source in sources:
+        step = max(8, COPY_CHUNK_BYTES // max(1, source.shape[1]) // 8 * 8)
+        for start in range(0, source.shape[0], step):
+            piece = np.ascontiguousarray(source[start:start + step])
+            lib.bp_int8_repack(piece.ctypes.data, qtype, piece.shape[1], piece.shape[0], k,
+                               packed[tile + start // 8:].ctypes.data)
+            drop_mapped_range(source[start:start + step])
+        tile += source.shape[0] // 8
+    return QuantPart(packed, qtype, rows, "int8x8")
+
+
+def _linear_blocks(kernel, x: torch.Tensor, w: QuantWeight, b: torch.Tensor | None, num_threads: int,
+                   residual: torch.Tensor | None, out: torch.Tensor | None) -> torch.Tensor:
     assert x.dtype == torch.float32 and x.device.type == "cpu"
     x = x.contiguous()
     m, k = x.shape
@@ -101,8 +171,8 @@ def linear_q(x: torch.Tensor, w: QuantWeight, b: torch.Tensor | None, num_thread
         y = residual
     for part, offset in zip(w.parts, w.offsets):
         bias = None if b is None else b.data_ptr() + 4 * offset
-        lib.bp_linear_q(_ptr(x), part.data.ctypes.data, part.qtype, part.data.shape[1], bias,
-                        y.data_ptr() + 4 * offset, n, m, part.rows, k, int(residual is not None), num_threads)
+        kernel(_ptr(x), part.data.ctypes.data, part.qtype, part.data.shape[1], bias,
+               y.data_ptr() + 4 * offset, n, m, part.rows, k, int(residual is not None), num_threads)
     return y
 
 
@@ -111,8 +181,12 @@ def dequant_rows(w: QuantWeight, ids: torch.Tensor) -> torch.Tensor:
     (part,) = w.parts
     ids = ids.to(torch.int64).contiguous()
     out = torch.empty(ids.shape[0], w.shape[1], dtype=torch.float32)
-    _library().bp_dequant_rows(part.data.ctypes.data, part.qtype, part.data.shape[1], w.shape[1], _ptr(ids),
-                               ids.shape[0], _ptr(out))
+    if part.layout == "int8x8":  # the same floats, read from the int8 numerics' layout
+        _library().bp_int8_dequant_rows(part.data.ctypes.data, part.qtype, w.shape[1], _ptr(ids), ids.shape[0],
+                                        _ptr(out))
+    else:
+        _library().bp_dequant_rows(part.data.ctypes.data, part.qtype, part.data.shape[1], w.shape[1], _ptr(ids),
+                                   ids.shape[0], _ptr(out))
     return out
 
 
@@ -237,13 +311,13 @@ class DecodeLayers:
     ropes[i] and windows[i]: layer i's RoPE tables (cos, sin) and sliding window (0: none)."""
 
     def __init__(self, spec, layers: list, ropes: list[tuple[torch.Tensor, torch.Tensor]], windows: list[int],
-                 k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float) -> None:
+                 k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float, is_int8: bool = False) -> None:
         assert k_cache.is_contiguous() and v_cache.is_contiguous()
         assert all(cos.is_contiguous() and sin.is_contiguous() for cos, sin in ropes)
         self.keep = (layers, ropes, k_cache, v_cache)
         self.shape = Shape(spec.dim, spec.ffn_dim, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.rope_dim,
                            k_cache.shape[3], 0 if spec.rope_style == "adjacent" else 1, ACTIVATIONS[spec.mlp_act],
-                           spec.norm_eps, scale)
+                           spec.norm_eps, scale, int(is_int8))
         self.layers = (Layer * len(layers))()
         for i, (layer, (cos, sin), window) in enumerate(zip(layers, ropes, windows, strict=True)):
             assert (layer.q_norm is None) == (layer.k_norm is None)

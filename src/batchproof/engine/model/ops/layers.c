@@ -21,8 +21,8 @@ typedef struct {
     int64_t *lengths;
 } scratch;
 
-static void linear(const bp_weight *w, const float *x, const float *b, float *y, int64_t M, int64_t K,
-                   int accumulate, int num_threads) {
+static void linear(const bp_shape *s, const bp_weight *w, const float *x, const float *b, float *y, int64_t M,
+                   int64_t K, int accumulate, int num_threads) {
     int64_t N = 0;
     for (int p = 0; p < w->num_parts; p++) N += w->rows[p];
     if (w->num_parts == 1 && w->types[0] == 0) {
@@ -31,7 +31,7 @@ static void linear(const bp_weight *w, const float *x, const float *b, float *y,
     }
     int64_t offset = 0;
     for (int p = 0; p < w->num_parts; p++) {
-        bp_linear_q(x, w->data[p], w->types[p], w->row_bytes[p], b ? b + offset : NULL, y + offset, N, M,
+        (s->numerics == BP_NUMERICS_INT8 ? bp_linear_q_int8 : bp_linear_q)(x, w->data[p], w->types[p], w->row_bytes[p], b ? b + offset : NULL, y + offset, N, M,
                     w->rows[p], K, accumulate, num_threads);
         offset += w->rows[p];
     }
@@ -42,10 +42,10 @@ static void linear(const bp_weight *w, const float *x, const float *b, float *y,
 static void add_output(const bp_shape *s, const bp_weight *w, const float *post_norm, const float *in, int64_t K,
                        float *x, float *out, int64_t M, int num_threads) {
     if (!post_norm) {
-        linear(w, in, NULL, x, M, K, 1, num_threads);
+        linear(s, w, in, NULL, x, M, K, 1, num_threads);
         return;
     }
-    linear(w, in, NULL, out, M, K, 0, num_threads);
+    linear(s, w, in, NULL, out, M, K, 0, num_threads);
     bp_rms_norm_f32(out, post_norm, out, M, s->dim, s->eps); /* in place: each row's scale comes first */
     for (int64_t i = 0; i < M * s->dim; i++) x[i] = x[i] + out[i];
 }
@@ -56,7 +56,7 @@ static void qkv(const bp_shape *s, const bp_layer *L, scratch *t, int64_t M, con
                 const int64_t *slots, int num_threads) {
     int64_t D = s->head_dim, q_dim = s->num_heads * D, kv_dim = s->num_kv_heads * D;
     int64_t width = q_dim + 2 * kv_dim;
-    linear(&L->wqkv, t->h, L->bqkv, t->qkv, M, s->dim, 0, num_threads);
+    linear(s, &L->wqkv, t->h, L->bqkv, t->qkv, M, s->dim, 0, num_threads);
     for (int64_t r = 0; L->q_norm && r < M; r++) { /* each head a row of the norm kernel */
         float *row = t->qkv + r * width;
         bp_rms_norm_f32(row, L->q_norm, row, s->num_heads, D, s->eps);
@@ -83,7 +83,7 @@ static void layer(const bp_shape *s, const bp_layer *L, scratch *t, float *x, in
                             s->num_kv_heads, s->head_dim, s->max_len, L->window, s->scale, num_threads);
     add_output(s, &L->wo, L->post_attn_norm, t->attn, q_dim, x, t->out, M, num_threads);
     bp_rms_norm_f32(x, L->ffn_norm, t->h, M, s->dim, s->eps);
-    linear(&L->w_gate_up, t->h, NULL, t->gate_up, M, s->dim, 0, num_threads);
+    linear(s, &L->w_gate_up, t->h, NULL, t->gate_up, M, s->dim, 0, num_threads);
     if (s->mlp_act == BP_ACT_GELU_TANH)
         bp_gelu_tanh_mul_f32(t->gate_up, t->act, M, s->ffn_dim, num_threads);
     else

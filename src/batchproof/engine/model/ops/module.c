@@ -42,7 +42,7 @@ static const abi_field LAYER_FIELDS[] = {
 static const abi_field SHAPE_FIELDS[] = {
     FIELD(bp_shape, dim), FIELD(bp_shape, ffn_dim), FIELD(bp_shape, num_heads), FIELD(bp_shape, num_kv_heads),
     FIELD(bp_shape, head_dim), FIELD(bp_shape, rope_dim), FIELD(bp_shape, max_len), FIELD(bp_shape, rope_style),
-    FIELD(bp_shape, mlp_act), FIELD(bp_shape, eps), FIELD(bp_shape, scale), {NULL, 0},
+    FIELD(bp_shape, mlp_act), FIELD(bp_shape, eps), FIELD(bp_shape, scale), FIELD(bp_shape, numerics), {NULL, 0},
 };
 
 static const struct {

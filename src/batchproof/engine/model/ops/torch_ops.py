@@ -13,6 +13,7 @@ from batchproof.engine import logprobs, sampler
 from batchproof.engine.cache.kv_cache import KVCache
 from batchproof.engine.logprobs import Normalizer, TopK
 from batchproof.engine.model.ops.base import HeadLayout, RopeTables
+from batchproof.engine.model.weights import QuantWeight, RawTensor, quant_weight
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -68,6 +69,9 @@ class TorchOps:
 
     def decode_rows(self, num_seqs: int, max_batch: int) -> int:
         return max_batch if self.padded else num_seqs
+
+    def quant_weight(self, *tensors: RawTensor) -> QuantWeight:
+        return quant_weight(*tensors)  # never multiplied here: torch gets dequantized weights
 
     def embedding(self, table: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
         return table[token_ids]

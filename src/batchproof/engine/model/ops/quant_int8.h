@@ -1,0 +1,113 @@
+/* The int8 numerics (quant_int8*.c): what the driver and its instruction-set twins share. Not
+ * part of the interface (kernels.h).
+ *
+ * The arithmetic, one definition for every instruction set (the portable twin spells it out
+ * in scalar C, quant_int8.c):
+ *
+ *  1. Each row of x is quantized on its own, block by block of 32: amax = max |x_k| (compared
+ *     as bit patterns, so a NaN is the largest and the order of the comparisons is free),
+ *     d = amax / 127, q_k = round-half-even(x_k * (127 / amax)) in [-127, 127]; a block whose
+ *     amax is below 2^-100 (zeros, or so small that 127 / amax could overflow) has d = 0 and
+ *     q = 0; a block holding an infinity or a NaN has d = NaN and q = 0, so every output it
+ *     meets is NaN. Also kept: sx = d * (float)sum(q), and the integer sums
+ *     of q over the block and over its two halves. A row's scales depend on that row only.
+ *  2. A weight block of 32 (a K-quant's group) against a row's block: an integer sum of
+ *     integer products, exact in any order (at most 32 * 128 * 127 * 128 * 2 < 2^31).
+ *  3. Each output's float accumulator takes the blocks in increasing k, starting at 0:
+ *       acc = fmaf(dw * d, (float)isum, acc)        every type
+ *       acc = fmaf(mw, sx, acc)                      types with a min: Q4_1, Q5_1, Q4_K, Q5_K
+ *     where, per type (the weight's own block layout, gguf.quants'):
+ *       Q4_0, Q5_0, Q8_0  isum = sum (q_w - zero) q_x (zero 8, 16, 0), dw = f16 d
+ *       Q4_1, Q5_1        isum = sum q_w q_x, dw = f16 d, mw = f16 m
+ *       Q4_K, Q5_K        isum = sum q_w q_x, dw = d * sc_g, mw = -(dmin * m_g) (float products,
+ *                         as quant_dequant.c forms them)
+ *       Q6_K              isum = sc_a sum_{0..15} (q_w - 32) q_x + sc_b sum_{16..31} (q_w - 32) q_x
+ *                         (sc_a, sc_b the group's two int8 scales), dw = f16 d
+ *     then the bias (if any) and the residual add as every matmul (bp_store_tile).
+ *
+ * Vector twins vectorize across outputs (lane j: weight row j), so each output's float
+ * operations are exactly these, in this order, and only the integer sums (exact) are formed
+ * another way. Hence the same bits on every instruction set, at any row count, thread count
+ * and position in a batch.
+ */
+#ifndef BP_QUANT_INT8_H
+#define BP_QUANT_INT8_H
+#include <stdint.h>
+
+#include "quant.h"
+
+#define QB 32        /* weights in a block of x (and in a weight block or K-quant group) */
+#define IW 8         /* weight rows (outputs) a tile computes side by side */
+#define IROWS 16     /* rows of x a tile call takes at most */
+#define TINY_BITS 0x0D800000u /* 2^-100: a block of x whose amax is below it counts as zeros */
+
+/* Rows of x quantized (step 1): q [M, K] int8, and per block d, sx and the integer sums
+ * (sum[3 * (i * nb + b) + 0..2]: whole block, weights 0..15, weights 16..31). */
+typedef struct {
+    int8_t *q;
+    float *d, *sx;
+    int32_t *sum;
+    int64_t M, K, nb;
+} qx_rows;
+
+static inline int int8_has_min(int type) {
+    return type == T_Q4_1 || type == T_Q5_1 || type == T_Q4_K || type == T_Q5_K;
+}
+
+/* ---- the weights' layout in this numerics: 8 rows interleaved (bp_int8_repack, at load) ----
+ *
+ * For each tile of 8 weight rows (the last padded with zero rows): per K-quant super-block a
+ * header of its float16 scales, lane j row j's (Q4_K, Q5_K: d[8] then dmin[8]; Q6_K: d[8]); then
+ * per group of 32 weights one record: its scales (Q4_0, Q5_0, Q8_0: d[8] float16; Q4_1, Q5_1:
+ * d[8] and m[8] float16; Q4_K, Q5_K: the 6-bit sc[8] and m[8] as bytes; Q6_K: (sc_a, sc_b) int16
+ * pairs [8]), then the quants, chunk by chunk of 32 bytes whose 4-byte lane j is row j's: 4-bit
+ * types (Q4_0, Q4_1, Q4_K) in 4 chunks, chunk c byte e holding weights 8c + e (low nibble) and
+ * 8c + 4 + e (high); the others in 8 chunks of one byte a weight, chunk c byte e weight 4c + e
+ * (Q5_*, Q6_K unsigned, zero not taken off; Q8_0 signed). One load gives 8 rows' quants for the
+ * integer dots with no reduction across lanes, and one load each row's scales, kept as compact
+ * as the file's (Q4_K: 0.59 bytes a weight against the file's 0.56); step 3's floats (d * sc,
+ * dmin * m) are formed from them as the definition says. */
+static inline int int8_nibbles(int type) { return type == T_Q4_0 || type == T_Q4_1 || type == T_Q4_K; }
+static inline int int8_groups(int type) { return type == T_Q4_K || type == T_Q5_K || type == T_Q6_K ? 8 : 1; }
+static inline int64_t int8_sb_header(int type) {
+    return type == T_Q4_K || type == T_Q5_K ? 32 : type == T_Q6_K ? 16 : 0;
+}
+static inline int64_t int8_group_header(int type) {
+    return type == T_Q6_K ? 32 : int8_groups(type) > 1 ? 16 : int8_has_min(type) ? 32 : 16;
+}
+static inline int64_t int8_group_bytes(int type) { return int8_group_header(type) + (int8_nibbles(type) ? 128 : 256); }
+static inline int64_t int8_sb_bytes(int type) { return int8_sb_header(type) + int8_groups(type) * int8_group_bytes(type); }
+/* Where block (group) b's record starts in a tile; its super-block header is at b's super-block start. */
+static inline int64_t int8_group_at(int type, int64_t b) {
+    const int groups = int8_groups(type);
+    return b / groups * int8_sb_bytes(type) + int8_sb_header(type) + b % groups * int8_group_bytes(type);
+}
+static inline int64_t int8_sb_at(int type, int64_t b) { return b / int8_groups(type) * int8_sb_bytes(type); }
+
+/* Rows 0..M of x into qx (its arrays sized for M rows of K). */
+typedef void (*quantize_fn)(const float *x, int64_t M, int64_t K, qx_rows *qx);
+
+/* sums[i * IW + j] = row m0 + i (i < mt <= IROWS) of x against row j of the tile of 8 whose
+ * records start at w, over all K: step 3's accumulator. */
+typedef void (*itile_fn)(const qx_rows *x, int64_t m0, int mt, const uint8_t *w, float *sums);
+
+/* The twins: quant_int8.c (portable), quant_int8_avx2.c (AVX2; the AVX-512 level runs it too). */
+BP_INTERNAL void bp_quantize_x_portable(const float *x, int64_t M, int64_t K, qx_rows *qx);
+BP_INTERNAL itile_fn bp_itile_portable(int type);
+#ifdef BP_X86
+BP_INTERNAL void bp_quantize_x_avx2(const float *x, int64_t M, int64_t K, qx_rows *qx);
+BP_INTERNAL itile_fn bp_itile_avx2(int type);
+#endif
+
+/* Q4_K / Q5_K: the 6-bit scale and min of group g from the 12 packed bytes (scale_min_k4). */
+static inline void int8_scale_min_k4(int g, const uint8_t *s, int *sc, int *m) {
+    if (g < 4) {
+        *sc = s[g] & 63;
+        *m = s[g + 4] & 63;
+    } else {
+        *sc = (s[g + 4] & 0xF) | ((s[g - 4] >> 6) << 4);
+        *m = (s[g + 4] >> 4) | ((s[g] >> 6) << 4);
+    }
+}
+
+#endif

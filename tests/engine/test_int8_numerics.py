@@ -1,0 +1,308 @@
+"""The int8 numerics (--numerics int8, quant_int8.h): three routes to one answer.
+
+- Every instruction set gives the same bits (the portable twin spells the definition out in
+  scalar C; the AVX2 twin sums the integers another way and vectorizes across outputs).
+- The portable twin is the definition: a reference written here from quant_int8.h's text alone
+  (exact rationals, each float operation rounded once to float32) gives the same bits.
+- A row's result is the same alone, at any position among other rows, and at any thread count.
+And it approximates the float32 path closely (an approximation, never called the same).
+
+Weights: every quantized type we run, with scales at the edges (float16 subnormals, zeros of
+both signs, +-65504) and 6-bit / int8 sub-block scales at theirs; x with blocks of zeros, one
+infinity, one NaN, and values at rounding ties.
+"""
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from batchproof.engine.model.ops import kernels
+from batchproof.engine.model.weights import RawTensor, quant_weight
+from tests.engine.test_quant_register_path import REGISTER_TYPES, edge_blocks, shape_of
+from tests.helpers.quant_blocks import bits, dequantized, random_blocks
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="the kernels are not built here")
+
+Q = GGMLQuantizationType
+LEVELS = (2, 1, 0)  # AVX-512 (where the CPU has it), AVX2, portable
+
+
+@pytest.fixture(autouse=True)
+def _restore_isa():
+    yield
+    kernels.cap_isa_level(2)
+
+
+def hostile_x(m: int, k: int, seed: int) -> torch.Tensor:
+    """Rows of ordinary values, with a block of zeros, one holding +inf, one a NaN, one of exact
+    rounding ties (x * 127 / amax at .5), and rows of tiny and huge magnitudes."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g)
+    x[0, 32:64] = 0.0
+    if m > 1:
+        x[1, 0:32] = torch.arange(32) - 15.5  # amax 15.5: x * 127 / 15.5 lands between integers often
+        x[1, 64:96] = 1e-38 * torch.randn(32, generator=g)  # below 2^-100: counts as zeros
+        x[1, 96:128] = 2.0 ** -99 * torch.randn(32, generator=g)  # above it: 127 / amax is near float32's top
+    if m > 2:
+        x[2, 96] = float("inf")
+        x[2, 0] = float("nan")
+    if m > 3:
+        x[3] *= 1e30
+    return x
+
+
+def run(qtype: Q, raw, x: torch.Tensor, level: int, threads: int = 1) -> torch.Tensor:
+    kernels.cap_isa_level(level)
+    return kernels.linear_q_int8(x, kernels.int8_layout(quant_weight(raw)), None, threads)
+
+
+@pytest.mark.parametrize("qtype", REGISTER_TYPES, ids=lambda t: t.name)
+def test_every_instruction_set_gives_the_same_bits(qtype):
+    raw = edge_blocks(qtype, *shape_of(qtype), seed=int(qtype) + 7)
+    for m in (1, 2, 5, 17):
+        x = hostile_x(m, raw.shape[1], seed=m)
+        outs = [run(qtype, raw, x, level) for level in LEVELS]
+        for level, out in zip(LEVELS[1:], outs[1:]):
+            assert torch.equal(bits(out), bits(outs[0])), f"{m} rows: level {level} differs from level 2"
+
+
+@pytest.mark.parametrize("qtype", REGISTER_TYPES, ids=lambda t: t.name)
+def test_a_row_is_the_same_alone_anywhere_in_a_batch_and_on_any_thread_count(qtype):
+    raw = edge_blocks(qtype, *shape_of(qtype), seed=int(qtype) + 3)
+    x = hostile_x(19, raw.shape[1], seed=5)
+    whole = run(qtype, raw, x, 2, threads=2)
+    for i in (0, 3, 16, 18):
+        alone = run(qtype, raw, x[i:i + 1], 2, threads=1)
+        assert torch.equal(bits(alone[0]), bits(whole[i]))
+        shuffled = run(qtype, raw, torch.cat([x[i + 1:], x[:i + 1]]), 1, threads=2)
+        assert torch.equal(bits(shuffled[-1]), bits(whole[i]))
+
+
+# ---- the reference: quant_int8.h's definition, from its text, in exact arithmetic ----
+
+def f32(value) -> np.float32:
+    """A rational (or float) rounded once to the nearest float32, ties to even."""
+    if isinstance(value, float) and not np.isfinite(value):
+        return np.float32(value)
+    exact = Fraction(value)
+    near = np.float32(float(exact))
+    if not np.isfinite(near):
+        return near
+    candidates = [near, np.nextafter(near, np.float32(np.inf)), np.nextafter(near, np.float32(-np.inf))]
+
+    def key(c):
+        return abs(Fraction(float(c)) - exact), int(np.array(c).view(np.int32)) & 1
+    return min((c for c in candidates if np.isfinite(c)), key=key)
+
+
+def fma(a: np.float32, b: np.float32, c: np.float32) -> np.float32:
+    if not (np.isfinite(a) and np.isfinite(b) and np.isfinite(c)):
+        return np.float32(np.float64(a) * np.float64(b) + np.float64(c))
+    return f32(Fraction(float(a)) * Fraction(float(b)) + Fraction(float(c)))
+
+
+def quantize_row(row: np.ndarray):
+    """Step 1: per block of 32, (q, d, sx, sum_lo, sum_hi)."""
+    out = []
+    for b in range(len(row) // 32):
+        x = row[32 * b:32 * b + 32]
+        amax = np.max(np.abs(x)) if not np.isnan(x).any() else np.float32(np.nan)
+        if not np.isfinite(amax) or amax < 2.0 ** -100:
+            d = np.float32(0.0) if amax < 2.0 ** -100 else np.float32(np.nan)
+            q = np.zeros(32, dtype=np.int64)
+        else:
+            inv = f32(Fraction(127) / Fraction(float(amax)))
+            q = np.array([round(Fraction(float(f32(Fraction(float(v)) * Fraction(float(inv)))))) for v in x],
+                         dtype=np.int64)  # Python's round of a Fraction: half to even
+            q = np.clip(q, -127, 127)
+            d = f32(Fraction(float(amax)) / 127)
+        lo, hi = int(q[:16].sum()), int(q[16:].sum())
+        sx = f32(Fraction(float(d)) * (lo + hi)) if np.isfinite(d) else np.float32(np.nan)
+        out.append((q, d, sx))
+    return out
+
+
+def weight_groups(qtype: Q, row: np.ndarray):
+    """Each group of 32 of one weight row: (integers w with their zero taken off, Q6_K's two
+    scales (else 1, 1), dw, mw), from the block layouts (gguf.quants')."""
+    elems, size = GGML_QUANT_SIZES[qtype]
+    half = lambda b, at: np.frombuffer(bytes(b[at:at + 2]), dtype=np.float16)[0].astype(np.float32)  # noqa: E731
+    for blk in row.reshape(-1, size):
+        if qtype in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0):
+            d = half(blk, 0)
+            mw = half(blk, 2) if qtype in (Q.Q4_1, Q.Q5_1) else np.float32(0)
+            if qtype == Q.Q8_0:
+                w = blk[2:34].view(np.int8).astype(np.int64)
+            else:
+                qs = blk[{Q.Q4_0: 2, Q.Q4_1: 4, Q.Q5_0: 6, Q.Q5_1: 8}[qtype]:][:16].astype(np.int64)
+                w = np.concatenate([qs & 15, qs >> 4])
+                if qtype in (Q.Q5_0, Q.Q5_1):
+                    qh = int.from_bytes(bytes(blk[2 if qtype == Q.Q5_0 else 4:][:4]), "little")
+                    w = w | np.array([(qh >> j & 1) << 4 for j in range(32)])
+                w = w - {Q.Q4_0: 8, Q.Q5_0: 16}.get(qtype, 0)
+            yield w, (1, 1), d, mw
+        elif qtype in (Q.Q4_K, Q.Q5_K):
+            d, dmin, s = half(blk, 0), half(blk, 2), blk[4:16].astype(np.int64)
+            for g in range(8):
+                sc, m = (s[g] & 63, s[g + 4] & 63) if g < 4 else \
+                    ((s[g + 4] & 15) | (s[g - 4] >> 6) << 4, (s[g + 4] >> 4) | (s[g] >> 6) << 4)
+                qs = blk[(48 if qtype == Q.Q5_K else 16) + 32 * (g // 2):][:32].astype(np.int64)
+                w = (qs >> (4 * (g % 2))) & 15
+                if qtype == Q.Q5_K:
+                    w = w | ((blk[16:48].astype(np.int64) >> g) & 1) << 4
+                yield w, (1, 1), f32(Fraction(float(d)) * int(sc)), -f32(Fraction(float(dmin)) * int(m))
+        else:  # Q6_K
+            d = half(blk, 208)
+            for g in range(8):
+                h, quarter = g // 4, g % 4
+                ql = blk[64 * h + 32 * (quarter % 2):][:32].astype(np.int64)
+                qh = blk[128 + 32 * h:][:32].astype(np.int64)
+                w = (((ql >> (4 * (quarter // 2))) & 15) | ((qh >> (2 * quarter)) & 3) << 4) - 32
+                sc = blk[192:208].view(np.int8)
+                yield w, (int(sc[2 * g]), int(sc[2 * g + 1])), d, np.float32(0)
+
+
+def reference(qtype: Q, raw, x: torch.Tensor) -> torch.Tensor:
+    has_min = qtype in (Q.Q4_1, Q.Q5_1, Q.Q4_K, Q.Q5_K)
+    out = np.zeros((x.shape[0], raw.shape[0]), dtype=np.float32)
+    rows = [quantize_row(r) for r in x.numpy()]
+    for n in range(raw.shape[0]):
+        groups = list(weight_groups(qtype, raw.data[n]))
+        for i, blocks in enumerate(rows):
+            acc = np.float32(0)
+            for (w, (sa, sb), dw, mw), (q, d, sx) in zip(groups, blocks, strict=True):
+                isum = sa * int(w[:16] @ q[:16]) + sb * int(w[16:] @ q[16:])
+                s = f32(Fraction(float(dw)) * Fraction(float(d))) if np.isfinite(dw) and np.isfinite(d) \
+                    else np.float32(dw * d)
+                acc = fma(s, np.float32(isum), acc)
+                if has_min:
+                    acc = fma(mw, sx, acc)
+            out[i, n] = acc
+    return torch.from_numpy(out)
+
+
+@pytest.mark.parametrize("qtype", REGISTER_TYPES, ids=lambda t: t.name)
+def test_the_portable_twin_is_the_definition(qtype):
+    k = 512 if qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K) else 128
+    raw = edge_blocks(qtype, 12, k, seed=int(qtype) + 11)
+    x = hostile_x(4, k, seed=int(qtype))
+    got, expected = run(qtype, raw, x, 0), reference(qtype, raw, x)
+    wrong = torch.nonzero(bits(got) != bits(expected))
+    assert not len(wrong), f"{len(wrong)} differ, first {wrong[0].tolist()}: {got[tuple(wrong[0])]!r} " \
+                           f"against {expected[tuple(wrong[0])]!r}"
+
+
+@pytest.mark.parametrize("qtype", REGISTER_TYPES, ids=lambda t: t.name)
+def test_it_approximates_the_float32_path(qtype):
+    """Ordinary weights and activations: each output within a small part of the float path's
+    row scale (int8 per block of 32 keeps ~2 decimal digits of each activation)."""
+    n, k = 64, 1024
+    raw = RawTensor(random_blocks(qtype, n, k, seed=1), int(qtype), (n, k))
+    x = torch.randn(8, k, generator=torch.Generator().manual_seed(2))
+    exact = x @ dequantized(raw).T
+    approx = kernels.linear_q_int8(x, kernels.int8_layout(quant_weight(raw)), None, 2)
+    scale = exact.abs().mean()
+    assert ((approx - exact).abs().max() / scale) < 0.05
+
+
+# ---- whole models in the int8 numerics ----
+
+def int8_engine(path=None, **settings):
+    from batchproof.engine.config import EngineConfig
+    from batchproof.engine.engine import Engine
+    return Engine(EngineConfig(model_path=path, device="cpu", numerics="int8", **settings))
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma3", "mixed-quant"])
+def test_a_tiny_model_in_int8_gives_the_same_numbers_on_every_instruction_set(name, tmp_path):
+    """Prefill logits and greedy decode records (the fused decode step, layers.c), portable == AVX2
+    (== AVX-512 where the CPU has it), for an architecture of each kind and every block type."""
+    from tests.engine.test_cross_isa import TINY_MODELS, assert_same_model_numbers
+    from tests.helpers.tiny_gguf import write_tiny_gguf
+    path = tmp_path / f"{name}.gguf"
+    write_tiny_gguf(path, TINY_MODELS[name])
+    engine = int8_engine(path, max_batch=4)
+    for level in (2, 1):
+        if kernels.isa_level() >= level:
+            assert_same_model_numbers(level, engine, [list(range(3, 3 + n)) for n in (1, 5, 11, 19)], 6)
+
+
+def test_the_fused_decode_step_is_the_op_by_op_path(tmp_path):
+    """layers.c's int8 matmuls (the numerics passed in bp_shape) and the per-op path's: one answer."""
+    from tests.engine.test_cross_isa import TINY_MODELS, signature
+    from tests.helpers.tiny_gguf import write_tiny_gguf
+    path = tmp_path / "mixed.gguf"
+    write_tiny_gguf(path, TINY_MODELS["mixed-quant"])
+    engine = int8_engine(path, max_batch=4)
+    prompts = [list(range(3, 3 + n)) for n in (2, 7, 13)]
+    fused = signature(engine, prompts, 6)
+    engine.model.ops.is_fused = False
+    try:
+        assert signature(engine, prompts, 6) == fused
+    finally:
+        engine.model.ops.is_fused = True
+
+
+def test_int8_is_asked_for_where_it_exists():
+    from batchproof.common.config import ConfigError
+    from batchproof.engine.config import EngineConfig
+    from batchproof.engine.model.ops import choose_ops
+    with pytest.raises(ConfigError, match="needs weights native"):
+        EngineConfig(numerics="int8", weights="float32")
+    with pytest.raises(ValueError, match="runs on our CPU kernels only"):
+        choose_ops(torch.device("cpu"), torch.float32, False, 1, "int8")
+
+
+# The SHA-256 of int8_fingerprint()'s bits per int8 numerics version (kernels.INT8_NUMERICS):
+# recorded on an AVX2 host; a host with another instruction set checks itself against it.
+INT8_FINGERPRINTS = {
+    "int8a-b32-v1": "828c29288ad06f0cb41f90d92bfed4e6352c248e36e2e4120ad8699d329a5f0e",
+}
+
+
+def int8_fingerprint() -> bytes:
+    from tests.engine.test_cross_isa import pseudo_blocks, pseudo_random
+    out = []
+    for qtype in REGISTER_TYPES:
+        weight = kernels.int8_layout(quant_weight(pseudo_blocks(qtype, 9, 256, seed=int(qtype))))
+        out.append(kernels.linear_q_int8(pseudo_random(5 * 256, 8).view(5, 256), weight, None, 2))
+    return b"".join(bits(t).numpy().tobytes() for t in out)
+
+
+@pytest.mark.parametrize("level", LEVELS, ids=lambda level: kernels.ISA_NAMES[level])
+def test_the_int8_version_names_these_bits(level):
+    import hashlib
+    if kernels.isa_level() < level:
+        pytest.skip(f"this CPU has no {kernels.ISA_NAMES[level]}")
+    kernels.cap_isa_level(level)
+    digest = hashlib.sha256(int8_fingerprint()).hexdigest()
+    assert INT8_FINGERPRINTS.get(kernels.INT8_NUMERICS) == digest, f"record {kernels.INT8_NUMERICS}: {digest}"
+
+
+@pytest.mark.parametrize("qtype", REGISTER_TYPES, ids=lambda t: t.name)
+def test_the_embedding_rows_read_from_the_int8_layout_are_gguf_s_floats(qtype):
+    """A tied LM head is held once, in the int8 layout: looking rows up there gives bitwise the
+    file's dequantized rows (every row of a ragged last tile too)."""
+    raw = edge_blocks(qtype, *shape_of(qtype), seed=int(qtype) + 5)
+    blocks = quant_weight(raw)
+    ids = torch.tensor([0, 7, 8, 50, raw.shape[0] - 1, 3, 3])
+    assert torch.equal(bits(kernels.dequant_rows(kernels.int8_layout(blocks), ids)),
+                       bits(kernels.dequant_rows(blocks, ids)))
+
+
+def test_repacked_from_the_file_a_piece_at_a_time_is_the_same_weight(monkeypatch):
+    """int8_weight repacks the file's rows in pieces (pages dropped as read), same-type neighbours
+    merged into one part: the same layout, bit for bit, as repacking the whole weight at once;
+    a tensor whose rows leave a tile part-filled is copied first."""
+    monkeypatch.setattr(kernels, "COPY_CHUNK_BYTES", 3000)  # several pieces per tensor
+    k = 512
+    tensors = [RawTensor(random_blocks(q, rows, k, seed=rows), int(q), (rows, k))
+               for q, rows in ((Q.Q4_K, 40), (Q.Q4_K, 24), (Q.Q6_K, 13), (Q.Q8_0, 12), (Q.Q8_0, 9))]
+    whole = kernels.int8_layout(quant_weight(*tensors))
+    pieces = kernels.int8_weight(*tensors)
+    assert [p.layout for p in pieces.parts] == ["int8x8"] * 3 and pieces.shape == whole.shape
+    for a, b in zip(pieces.parts, whole.parts, strict=True):
+        assert (a.qtype, a.rows) == (b.qtype, b.rows) and np.array_equal(a.data, b.data)
