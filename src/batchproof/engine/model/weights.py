@@ -57,8 +57,9 @@ def as_raw(tensor: "np.ndarray | RawTensor") -> RawTensor:
     return RawTensor(np.ascontiguousarray(tensor, dtype=np.float32).view(np.uint8), 0, tensor.shape)
 
 
-def quant_weight(*tensors: RawTensor) -> QuantWeight:
-    """Stack tensors of equal K along the output dimension, merging same-type neighbours."""
+def same_type_runs(tensors: tuple[RawTensor, ...]) -> list[list[RawTensor]]:
+    """Tensors of equal K, side by side, grouped into runs of neighbours of one type (each run
+    one part of a QuantWeight)."""
     k = tensors[0].shape[1]
     assert all(t.shape[1] == k for t in tensors)
     groups: list[list[RawTensor]] = []
@@ -67,6 +68,13 @@ def quant_weight(*tensors: RawTensor) -> QuantWeight:
             groups[-1].append(t)
         else:
             groups.append([t])
+    return groups
+
+
+def quant_weight(*tensors: RawTensor) -> QuantWeight:
+    """Stack tensors of equal K along the output dimension, merging same-type neighbours."""
+    k = tensors[0].shape[1]
+    groups = same_type_runs(tensors)
     parts = tuple(QuantPart(owned_rows([t.data for t in g]), g[0].qtype, sum(t.shape[0] for t in g)) for g in groups)
     return QuantWeight(parts, (sum(t.shape[0] for t in tensors), k))
 

@@ -9,7 +9,14 @@ import torch
 from batchproof.engine.memory import drop_mapped_range
 from batchproof.engine.model.ops.abi import ACTIVATIONS, MAX_PARTS, Layer, Shape, Weight
 from batchproof.engine.model.ops.abi import load_library as _library
-from batchproof.engine.model.weights import COPY_CHUNK_BYTES, QuantPart, QuantWeight, RawTensor, owned_rows
+from batchproof.engine.model.weights import (
+    COPY_CHUNK_BYTES,
+    QuantPart,
+    QuantWeight,
+    RawTensor,
+    owned_rows,
+    same_type_runs,
+)
 
 ISA_NAMES = {2: "avx512", 1: "avx2", 0: "portable"}
 
@@ -120,14 +127,8 @@ def int8_weight(*tensors: RawTensor) -> QuantWeight:
     few MB at a time, each piece's file pages dropped once read: the file's tensor, a copy in
     blocks and the repacked one are never resident together (Gemma 3's 170 MB embedding was)."""
     k = tensors[0].shape[1]
-    groups: list[list[RawTensor]] = []
-    for t in tensors:
-        if groups and groups[-1][0].qtype == t.qtype:
-            groups[-1].append(t)
-        else:
-            groups.append([t])
     parts = []
-    for group in groups:
+    for group in same_type_runs(tensors):
         rows = sum(t.shape[0] for t in group)
         if all(t.shape[0] % 8 == 0 for t in group[:-1]):  # each tensor starts on a tile of its own
             parts.append(_int8_part([t.data for t in group], group[0].qtype, rows, k))
