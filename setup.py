@@ -1,4 +1,7 @@
-"""Builds the batch-invariant CPU kernels; everything else is in pyproject.toml."""
+"""Builds the batch-invariant CPU kernels; everything else is in pyproject.toml.
+
+The light install (no extras) builds them too: they need Python's headers, not torch, and a later
+`pip install 'batchproof[serve]'` only adds packages, so the server it brings finds them."""
 
 import platform
 
@@ -22,7 +25,8 @@ setup(
                                                      "quant_tiles_avx2", "quant_tiles_avx512", "quant_linear",
                                                      "quant_int8", "quant_int8_avx2",
                                                      "layers", "module")],
-            depends=[f"{OPS}/{name}.h" for name in ("kernels", "lanes", "exp_poly", "quant", "quant_tiles", "quant_int8")],
+            depends=[f"{OPS}/{name}.h"
+                     for name in ("kernels", "lanes", "exp_poly", "quant", "quant_tiles", "quant_int8")],
             extra_compile_args=compile_args,
             extra_link_args=["-fopenmp"] if "-fopenmp" in compile_args else [],
             optional=True,  # without a compiler the engine falls back to padded torch matmuls

@@ -7,7 +7,9 @@
     common, check <- report
 
 `common`, `probe`, `check` and `report` import neither torch nor numpy, not even through another
-module of ours; the engine never imports the server; the probe and the check never
+module of ours, nor anything beyond the standard library and pyproject's base dependencies
+(the light install, `pip install batchproof`, with the verbs it runs; the venv itself is tested in
+tests/probe/test_light_install.py); the engine never imports the server; the probe and the check never
 import each other; only the fleet imports ray (an optional extra), so the single server
 never needs it. A new module is covered by where it is put.
 
@@ -20,8 +22,12 @@ sys.modules before the submodule runs.
 """
 
 import ast
+import re
 import subprocess
 import sys
+import tomllib
+from functools import cache
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -42,6 +48,9 @@ ALLOWED = {
 }
 TORCH_FREE = {"common", "probe", "check", "report"}
 HEAVY = {"torch", "numpy"}
+# What `pip install batchproof` (no extras) must run: these layers and these verbs.
+LIGHT_VERBS = ["cli", "commands.extras", "commands.probe", "commands.check", "commands.report", "commands.models"]
+PYPROJECT = PACKAGE.parent.parent / "pyproject.toml"
 
 
 def all_modules() -> list[str]:
@@ -185,6 +194,37 @@ def test_imports_point_down_the_layers(module):
 def test_torch_free_layers_never_reach_torch(module):
     heavy = {m: imports(m)[1] & HEAVY for m in closure(module)}
     assert not any(heavy.values()), {m: sorted(v) for m, v in heavy.items() if v}
+
+
+@cache
+def light_packages() -> frozenset[str]:
+    """The top-level import names of pyproject's base dependencies (`yaml` for pyyaml), read
+    from the distributions installed here (once: that walks every installed package)."""
+    def normalized(name: str) -> str:
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    base = {normalized(re.match(r"[A-Za-z0-9._-]+", r).group()) for r in
+            tomllib.loads(PYPROJECT.read_text())["project"]["dependencies"]}
+    return frozenset(module for module, distributions in metadata.packages_distributions().items()
+                     if any(normalized(d) in base for d in distributions))
+
+
+def beyond_the_light_install(module: str) -> set[str]:
+    """Foreign packages that `module` imports, at any depth, which neither the standard library
+    nor the light install has."""
+    foreign = set().union(*(imports(m)[1] for m in closure(module)))
+    return foreign - set(sys.stdlib_module_names) - light_packages()
+
+
+@pytest.mark.parametrize("module", [m for m in MODULES if layer(m) in TORCH_FREE] + LIGHT_VERBS)
+def test_the_light_install_has_all_the_probe_check_and_report_import(module):
+    assert beyond_the_light_install(module) == set(), "add it to pyproject's dependencies, or import it lazily"
+
+
+def test_the_light_rule_can_fail():
+    """The light install's packages are found by their import names, and the server needs more."""
+    assert {"httpx", "yaml", "rich"} <= light_packages()
+    assert {"torch", "fastapi", "uvicorn"} <= beyond_the_light_install("commands.serve")
 
 
 def test_the_rule_can_fail():

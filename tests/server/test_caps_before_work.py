@@ -103,13 +103,14 @@ def test_consecutive_tool_results_merge_in_linear_time() -> None:
     code = """
 from batchproof.server.protocol import ChatMessage
 from batchproof.server.tools.prompt import template_messages
-results = [ChatMessage(role="tool", tool_call_id=f"c{i}", content=f"{i:0200d}") for i in range(140_000)]
-turns = template_messages([ChatMessage(role="user", content="go"), *results,
-                           ChatMessage(role="assistant", content="done")], None, False)
-assert [t["role"] for t in turns] == ["user", "user", "assistant"], [t["role"] for t in turns]
-parts = turns[1]["content"].split("\\n\\n")
-assert parts[0] == "Result of a function (call c0):\\n" + "0" * 200
-assert parts[-1] == "Result of a function (call c139999):\\n" + "139999".zfill(200)
+call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+results = [ChatMessage(role="tool", tool_call_id="c", content=f"{i:0200d}") for i in range(140_000)]
+turns = template_messages([ChatMessage(role="user", content="go"), ChatMessage(role="assistant", tool_calls=[call]),
+                           *results, ChatMessage(role="assistant", content="done")], None, False)
+assert [t["role"] for t in turns] == ["user", "assistant", "user", "assistant"], [t["role"] for t in turns]
+parts = turns[2]["content"].split("\\n\\n")
+assert parts[0] == "Result of f (call c):\\n" + "0" * 200
+assert parts[-1] == "Result of f (call c):\\n" + "139999".zfill(200)
 assert len(parts) == 140_000
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_GUARD_S)

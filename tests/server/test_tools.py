@@ -141,7 +141,16 @@ def test_streamed_calls_reassemble_to_the_whole_reply(client, tool_choice) -> No
      "cannot also"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"not": {"type": "string"}}}}],
       "tool_choice": "required"}, "tools", "tools[0] ('f')"),
-    ({"tools": [WEATHER]}, "tool_choice", "'required' or a named function"),
+    # auto refuses what it cannot enforce as required does, naming the function and the keyword.
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"not": {"type": "string"}}}}]},
+     "tools", "tools[0] ('f')"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"not": {"type": "string"}}}}]},
+     "tools", "not"),
+    ({"messages": [{"role": "user", "content": "hi"}, {"role": "tool", "tool_call_id": "call_x", "content": "18"}]},
+     "messages", "'messages.1.tool_call_id' 'call_x' answers no call"),
+    ({"messages": [{"role": "assistant", "tool_calls": [{"id": "call_a", "type": "function", "function": {
+        "name": "f", "arguments": "{}"}}]}, {"role": "tool", "tool_call_id": "call_b", "content": "18"}]},
+     "messages", "'call_b' answers no call"),
     ({"messages": [{"role": "tool", "content": "18"}]}, "messages", "tool_call_id"),
     ({"messages": [{"role": "user", "content": None}]}, "messages", "content' is required"),
     ({"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {
@@ -186,3 +195,85 @@ def test_auto_reads_the_models_own_hermes_calls_streamed_and_whole(hermes_server
     # The tools reach the template itself (it lists them between <tools> tags).
     rendered = post(hermes_server.url, "/tokenize", {"messages": QUESTION, "return_token_strs": True}).json()
     assert "<tools>" not in "".join(rendered["token_strs"])  # without tools: none listed
+
+
+# --- auto on a template that teaches no calls (the default model's): the server's own format -------
+
+def _two_tool_history(question: str) -> list[dict]:
+    """Earlier rounds with both tools (calls, results, answers), so the small model writes calls of its own."""
+    messages = []
+    for i, (asked, name, arguments, answer) in enumerate([
+            ("What is the weather in Rome?", "get_weather", {"city": "Rome", "unit": "celsius"}, "18 C"),
+            ("What time is it in Oslo?", "get_time", {"timezone": "Europe/Oslo"}, "09:30")]):
+        messages += [{"role": "user", "content": asked},
+                     {"role": "assistant", "content": None, "tool_calls": [
+                         {"id": f"call_{i}", "type": "function",
+                          "function": {"name": name, "arguments": json.dumps(arguments)}}]},
+                     {"role": "tool", "tool_call_id": f"call_{i}", "content": answer},
+                     {"role": "assistant", "content": f"It is {answer}."}]
+    return messages + [{"role": "user", "content": question}]
+
+
+def test_auto_is_taught_in_the_servers_own_format_when_the_template_teaches_none(engine) -> None:
+    """The system turn describes the tools and the Hermes call syntax; earlier calls in the history are
+    spelled as the reply would write them (under required: as the JSON array it generates)."""
+    from batchproof.server.protocol import ChatCompletionRequest
+    from batchproof.server.tools.choice import plan_tools
+    from batchproof.server.tools.prompt import template_messages
+
+    def spelled(**fields) -> list[dict]:
+        req = ChatCompletionRequest(model="m", messages=_two_tool_history("What is the weather in Paris?"),
+                                    tools=[WEATHER, TIME], **fields)
+        plan = plan_tools(req, engine.front.chat_template, engine.tokenizer)
+        assert not plan.is_native  # the default model's template reads no tools
+        return template_messages(req.messages, plan, plan.is_native)
+
+    auto = spelled()
+    assert auto[0]["role"] == "system" and 'To call a function, write <tool_call>{"name": ' in auto[0]["content"]
+    assert '"get_time"' in auto[0]["content"] and "one such block per call" in auto[0]["content"]
+    assert auto[2] == {"role": "assistant", "content": '<tool_call>{"name": "get_weather", "arguments": '
+                                                       '{"city": "Rome", "unit": "celsius"}}</tool_call>'}
+    assert "Call one function at most" in spelled(parallel_tool_calls=False)[0]["content"]
+    required = spelled(tool_choice="required")
+    assert "To call a function" not in required[0]["content"]
+    assert required[2]["content"].startswith('[{"name": "get_weather"')
+
+
+def test_auto_calls_always_validate_over_50_seeded_samples(client) -> None:
+    """Sampled at T=1 with two tools offered: the model may answer in text, but every call it begins is an
+    offered function with arguments valid for its schema (the lazy grammar), and it does make calls."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    questions = ["What is the weather in Paris?", "What time is it in Tokyo?"]
+
+    def one(seed: int):
+        return _create(client, messages=_two_tool_history(questions[seed % 2]), tools=[WEATHER, TIME],
+                       max_tokens=40, temperature=1, seed=seed).choices[0]
+
+    with ThreadPoolExecutor(16) as pool:
+        choices = list(pool.map(one, range(50)))
+    with_calls = [c for c in choices if c.message.tool_calls]
+    for choice in with_calls:
+        _valid_calls(choice.message)
+        assert choice.finish_reason == "tool_calls"
+        assert "<tool_call>" not in (choice.message.content or "")
+    print(f"50 seeded auto replies: {len(with_calls)} with calls, {50 - len(with_calls)} text only")
+    assert with_calls  # the path is exercised, not only text
+
+
+def test_auto_replies_are_bitwise_the_same_alone_batched_and_streamed(client) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    fields = {"messages": _two_tool_history("What is the weather in Paris?"), "tools": [WEATHER, TIME],
+              "max_tokens": 48, "temperature": 0, "logprobs": True, "top_logprobs": 3}
+    whole = _whole(client, **fields)
+    assert whole[1] and whole[2] == "tool_calls" and len(whole[3]) > 10
+    _valid_calls(_create(client, **fields).choices[0].message)
+    _same_but_ids(_streamed(client, **fields), whole)
+    others = [{**fields, "messages": [{"role": "user", "content": f"Count to {n}."}], "tools": [WEATHER]}
+              for n in range(7)]
+    with ThreadPoolExecutor(8) as pool:
+        batched = list(pool.map(lambda f: _whole(client, **f), [fields, *others]))[0]
+    assert [c[1:] for c in batched[1]] == [c[1:] for c in whole[1]] and batched[2:] == whole[2:]
+    # Each token of the call has its logprob, from the model's distribution under the grammar's mask.
+    assert "".join(e.token for e in whole[3]).startswith("<tool_call>")

@@ -43,7 +43,9 @@ def test_structured(tmp_path):
     row = json.loads(out.read_text())["structured"]
     assert list(row) == ["model", "vocab", "max_tokens", "repeats", "rows"] and row["model"] == "tiny.gguf"
     assert [r["concurrency"] for r in row["rows"]] == [1, 16]
-    assert list(row["rows"][0]) == ["concurrency", "free_tok_s", "constrained_tok_s", "cost", "mask_wait_ms_per_step"]
+    assert list(row["rows"][0]) == ["concurrency", "free_tok_s", "constrained_tok_s", "cost", "mask_wait_ms_per_step",
+                                    "auto_tools_tok_s", "auto_tools_cost", "auto_tools_mask_wait_ms_per_step"]
+    assert all(r["auto_tools_tok_s"] > 0 for r in row["rows"])
 
 
 def test_the_footprint_counts_what_the_spec_says(tmp_path):

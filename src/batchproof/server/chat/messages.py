@@ -14,7 +14,7 @@ from batchproof.server.plan import check_text_fits
 from batchproof.server.protocol import ChatMessage
 from batchproof.server.tools import prompt as tool_prompt
 from batchproof.server.tools.choice import ToolPlan
-from batchproof.server.tools.formats import reads_tools
+from batchproof.server.tools.formats import reads_tools, shows_tool_role
 
 
 def _texts(messages: list[ChatMessage]) -> Iterator[str]:
@@ -44,7 +44,8 @@ def check_messages(front: ModelFront, messages: list[ChatMessage]) -> None:
 def _template_messages(client: EngineClient, messages: list[ChatMessage],
                        tool_plan: ToolPlan | None = None) -> list[dict[str, Any]]:
     """As the template reads them (check_messages has passed them)."""
-    return tool_prompt.template_messages(messages, tool_plan, reads_tools(client.front.chat_template.source))
+    template = client.front.chat_template
+    return tool_prompt.template_messages(messages, tool_plan, reads_tools(template.source), shows_tool_role(template))
 
 
 def _template_tools(tool_plan: ToolPlan | None) -> list[dict[str, Any]] | None:

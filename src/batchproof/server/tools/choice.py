@@ -1,8 +1,10 @@
 """What a request's `tools` and `tool_choice` ask of the engine, decided once per request:
 
 - `none` (or no tools): a plain reply; the tools are still shown to a template that reads them.
-- `auto`: the model writes calls in its own format (formats.py), read back from its reply; a
-  model whose template teaches none cannot, so that is a 400 naming what to use instead.
+- `auto`: the model writes text or calls, in the format its template teaches (formats.py) or, where
+  the template reads no tools, in the Hermes format the server teaches it (tools/prompt.py); the
+  reply is generated under that format's lazy grammar (lazy_grammar.py: free text, and any call it
+  begins is a call of an offered function whose arguments match its schema), and read back from it.
 - `required`: the reply is generated under the grammar of a JSON array of calls, each one of the
   tools with arguments that match its parameters' schema (at most one if not parallel_tool_calls).
 - a named function: the reply is generated under the grammar of that function's parameters: it
@@ -21,8 +23,11 @@ from batchproof.engine.text.tokenizer import Tokenizer
 from batchproof.server.errors import APIError, shown
 from batchproof.server.protocol import MAX_TOOLS, ChatCompletionRequest, NamedToolChoice, Tool
 from batchproof.server.structured import MAX_SCHEMA_CHARS, check
-from batchproof.server.tools.formats import ToolFormat, detect_tool_format, reads_tools
+from batchproof.server.tools.formats import HERMES, ToolFormat, detect_tool_format, reads_tools
 
+# The format the server teaches a model whose chat template reads no tools (both packaged models'):
+# Hermes', the most widely trained one, so a model that has seen it anywhere recognises it.
+SERVER_FORMAT = HERMES
 NO_ARGUMENTS = {"type": "object", "properties": {}, "additionalProperties": False}
 # Compiling a schema costs time in its size (a flat one of 1,000 properties, 64 KB: ~0.09 s; 3,000
 # properties, 200 KB: ~0.46 s), and `required` compiles each tool's alone and then all of them
@@ -38,7 +43,7 @@ class ToolPlan:
     named: str | None  # the function a named tool_choice forces
     is_parallel: bool  # more than one call allowed (parallel_tool_calls, default true)
     tool_format: ToolFormat | None  # auto: how the model writes its calls
-    constraint: Constraint | None  # required and named: the grammar of the calls
+    constraint: Constraint | None  # the grammar of the calls (auto: of free text and the calls)
     is_native: bool  # the chat template reads `tools` (else tools/prompt.py describes them)
 
     @property
@@ -141,11 +146,18 @@ def plan_tools(req: ChatCompletionRequest, template: ChatTemplate | None, tokeni
         _check_arguments_schemas(tools, tokenizer)
         plan["constraint"] = _constraint(calls_schema(tools, plan["is_parallel"]), tokenizer, "tools")
         return ToolPlan("required", **plan)
-    tool_format = detect_tool_format(template.source) if template is not None else None
-    if tool_format is None:
-        raise APIError(400, "tool_choice 'auto' reads calls in the model's own format, and this model's chat "
-                            "template teaches none that batchproof parses (it parses Hermes <tool_call> blocks "
-                            "and Llama 3.1 JSON calls); use tool_choice 'required' or a named function, whose "
-                            "calls are generated under their parameters' grammar", param="tool_choice")
-    return ToolPlan("auto", **(plan | {"tool_format": tool_format}))
-
+    if is_native:
+        tool_format = detect_tool_format(template.source)
+        if tool_format is None:
+            raise APIError(400, "tool_choice 'auto' reads calls in the model's own format, and this model's chat "
+                                "template takes tools in a format batchproof does not parse (it parses Hermes "
+                                "<tool_call> blocks and Llama 3.1 JSON calls); use tool_choice 'required' or a "
+                                "named function, whose calls are generated under their parameters' grammar",
+                           param="tool_choice")
+    else:
+        tool_format = SERVER_FORMAT  # the template teaches none: tools/prompt.py teaches this one
+    _check_arguments_schemas(tools, tokenizer)  # a refusal names the function, as under `required`
+    schemas = {t.function.name: arguments_schema(t) for t in tools}
+    constraint = Constraint("tool_call", tool_format.grammar(schemas, plan["is_parallel"]))
+    check(constraint, tokenizer, "tools")
+    return ToolPlan("auto", **(plan | {"tool_format": tool_format, "constraint": constraint}))

@@ -1,8 +1,10 @@
 """The tool-call formats chat templates teach their models, read back out of the models' replies.
 
-Supported, for `tool_choice: "auto"`:
+Supported, for `tool_choice: "auto"` (each format with its grammar, lazy_grammar.py: free text, and any
+call the model begins is a call of an offered function with arguments that match its schema):
 
-- `hermes` (Hermes 2 Pro and 3, Qwen2.5, Qwen3, and any template that mentions `<tool_call>`): text, then
+- `hermes` (Hermes 2 Pro and 3, Qwen2.5, Qwen3, any template that mentions `<tool_call>`, and the format
+  the server teaches a model whose template reads no tools, tools/prompt.py): text, then
   one or more `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks, text allowed between and
   after them. A block whose closing tag never came (the reply ended, or the next block began) still counts
   when its JSON is whole.
@@ -27,6 +29,9 @@ from dataclasses import dataclass
 import jinja2
 import jinja2.meta
 
+from batchproof.engine.text.chat_template import ChatTemplate
+from batchproof.server.tools import lazy_grammar
+
 
 @dataclass(frozen=True)
 class ParsedCall:
@@ -42,6 +47,9 @@ class ParsedReply:
 
 # (the text with the calls cut out, blank or not; the calls)
 Split = tuple[str, list[ParsedCall]]
+# (each offered function's name -> its parameters' schema, whether several calls are allowed) -> the grammar of
+# a reply in the format: free text, and any call begun a valid call (lazy_grammar.py)
+Grammar = Callable[[dict[str, dict], bool], str]
 # (held text, whether any text was released already) -> (how many leading characters are certainly content,
 # whether a call has begun, so that everything from there on is held until the reply ends)
 Cut = Callable[[str, bool], tuple[int, bool]]
@@ -52,6 +60,7 @@ class ToolFormat:
     name: str
     split: Callable[[str], Split]
     cut: Cut
+    grammar: Grammar
 
     def parse(self, text: str) -> ParsedReply:
         content, calls = self.split(text)
@@ -126,7 +135,7 @@ def _decode_whole(text: str) -> object | None:
         return None
 
 
-_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
+_OPEN, _CLOSE = lazy_grammar.HERMES_OPEN, lazy_grammar.HERMES_CLOSE
 
 
 def _hermes_split(text: str) -> Split:
@@ -212,8 +221,8 @@ def _llama3_cut(held: str, has_released: bool) -> tuple[int, bool]:
     return len(held), False
 
 
-HERMES = ToolFormat("hermes", _hermes_split, _hermes_cut)
-LLAMA3_JSON = ToolFormat("llama3-json", _llama3_split, _llama3_cut)
+HERMES = ToolFormat("hermes", _hermes_split, _hermes_cut, lazy_grammar.hermes)
+LLAMA3_JSON = ToolFormat("llama3-json", _llama3_split, _llama3_cut, lazy_grammar.llama3_json)
 
 
 @functools.lru_cache(maxsize=8)  # a server has one template: parsed once, not per request
@@ -228,6 +237,25 @@ def detect_tool_format(template_source: str) -> ToolFormat | None:
     if '"parameters' in template_source and "<|start_header_id|>" in template_source:
         return LLAMA3_JSON
     return None
+
+
+_ANSWER_PROBE, _RESULT_PROBE = "\x00answer\x00", "\x00result\x00"
+
+
+@functools.lru_cache(maxsize=8)  # a server has one template: rendered once, not per request
+def shows_tool_role(template: ChatTemplate) -> bool:
+    """Whether the template prints a `tool` turn under its own role, as ChatML templates print any role
+    (SmolLM2's): a model whose template takes no tools then still sees results in the turn ChatML
+    function-calling data puts them in. Gemma's refuses a role it does not know (or one out of
+    alternation), and one that renders without the role's name folded it into another turn."""
+    conversation = [{"role": "user", "content": "q"}, {"role": "assistant", "content": _ANSWER_PROBE},
+                    {"role": "tool", "content": _RESULT_PROBE}]
+    try:
+        rendered = template.render(conversation, add_generation_prompt=False)
+    except Exception:  # noqa: BLE001 (any refusal: the template does not take the role)
+        return False
+    between = rendered.partition(_ANSWER_PROBE)[2].partition(_RESULT_PROBE)
+    return bool(between[1]) and "tool" in between[0]  # the result shown, under a marker naming its role
 
 
 @functools.lru_cache(maxsize=8)
