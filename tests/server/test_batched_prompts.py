@@ -163,8 +163,9 @@ def test_openai_client_list_prompt_n_and_extensions(server) -> None:
         assert len(choice["prompt_logprobs"]) == prompt_len and choice["prompt_logprobs"][0] is None
         assert all(2 <= len(entry) <= 3 for entry in choice["prompt_logprobs"][1:])
         assert len(choice["logprobs"]["token_logprobs"]) == 4
-    with pytest.raises(openai.BadRequestError) as refused:  # auto, on a template that teaches no call format
+    with pytest.raises(openai.BadRequestError) as refused:  # a named tool_choice that names no offered tool
         client.chat.completions.create(model=server.state.served_model_name, max_tokens=1,
                                        messages=[{"role": "user", "content": "hi"}],
-                                       tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}])
-    assert "'required'" in refused.value.message
+                                       tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}],
+                                       tool_choice={"type": "function", "function": {"name": "g"}})
+    assert "'g'" in refused.value.message

@@ -71,6 +71,16 @@ class EngineConfig:
                           "copying or compiling its grammar); past it only the rows still waiting fail (error "
                           "code grammar_timeout)"},
     )
+    speculative: bool = field(
+        default=True,
+        metadata={"help": "speculative decoding: tokens drafted from the prompt and reply (prompt lookup, no draft "
+                          "model) and verified as extra rows of a decode step; bitwise the same tokens and logprobs "
+                          "(only where the kernels make it exact)"},
+    )
+    max_draft_tokens: int = field(
+        default=15, metadata={"help": "most tokens drafted for one sequence in one step (speculative decoding; "
+                                      "each sequence drafts 1, 3, 7 or this many, as its acceptance pays for)"}
+    )
     prefix_cache_mb: int = field(
         default=128,
         metadata={"help": "memory, in MiB, that the prefix cache and the running sequences' keys and values share: "
@@ -90,6 +100,7 @@ class EngineConfig:
             self.num_threads is None or self.num_threads >= 1,
             f"num_threads must be >= 1, got {self.num_threads}",
         )
+        require(self.max_draft_tokens >= 1, f"max_draft_tokens must be >= 1, got {self.max_draft_tokens}")
         require(self.prefix_cache_mb >= 0, f"prefix_cache_mb must be >= 0, got {self.prefix_cache_mb}")
         require(self.grammar_mask_timeout_s > 0,
                 f"grammar_mask_timeout_s must be > 0, got {self.grammar_mask_timeout_s}")

@@ -28,6 +28,9 @@ from batchproof.engine.sampler import logit_bias_row
 from batchproof.engine.sampling_params import SamplingParams
 from batchproof.engine.scheduler import ScheduledStep, Scheduler
 from batchproof.engine.sequence import RequestOutput, Sequence, Status
+from batchproof.engine.speculative.drafter import Drafter
+from batchproof.engine.speculative.propose import propose
+from batchproof.engine.speculative.verify import verify
 from batchproof.engine.text.text_stream import TextStream
 from batchproof.engine.text.tokenizer import Tokenizer
 
@@ -42,6 +45,9 @@ class BatchSummary:
     max_batch_size: int  # the most sequences decoded together in one step
     duration_s: float
     num_tokens: int
+    # Speculative decoding, per request that ended in it and had drafts: (request id, tokens
+    # drafted, of those emitted).
+    drafts: list[tuple[str, int, int]] = dataclasses.field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -108,6 +114,7 @@ class Engine:
         self._sequences: dict[str, Sequence] = {}  # the live requests: added and forgotten here only
         self._batch_start: float | None = None
         self._batch_max = 0
+        self._batch_drafts: list[tuple[str, int, int]] = []
         self._stepping: list[Sequence] = []  # whom the current step runs (fail_step ends them)
         self.outputs = OutputProcessor(self.end_ids, self.max_model_len, self.model.ops.normalizer_and_top_k,
                                        self.model.ops.first_max, config.grammar_mask_timeout_s)
@@ -176,6 +183,8 @@ class Engine:
             generator = None
         seq = Sequence(request_id, list(prompt_ids), params, TextStream(self.tokenizer, params.stop), generator,
                        logit_bias=logit_bias_row(params.logit_bias, self.tokenizer.vocab_size))
+        if self.is_speculative and params.max_tokens > 1:
+            seq.drafter = Drafter(seq.prompt_ids, self.config.max_draft_tokens)
         if params.constraint is not None and params.max_tokens:  # (scoring alone chooses no token)
             seq.grammar = GrammarState(self.tokenizer, params.constraint.grammar)
         self._sequences[request_id] = seq
@@ -227,9 +236,11 @@ class Engine:
         if self._stepping:
             self._note_batch(len(scheduled.decode))
             started = time.perf_counter()
-            seqs, logits, prompt_records = self._forward(scheduled)
+            seqs, logits, prompt_records, drafts = self._forward(scheduled)
             self.scheduler.observe(scheduled, time.perf_counter() - started)
-            if seqs:  # a prefill step that completed no prompt chooses nothing
+            if any(drafts):  # each sequence's rows read in order, as far as its draft holds
+                outputs += verify(self.outputs, seqs, drafts, logits)
+            elif seqs:  # a prefill step that completed no prompt chooses nothing
                 outputs += self.outputs.process(seqs, logits, prompt_records)
         self._stepping = []
         return self._forget_finished(outputs)
@@ -255,19 +266,32 @@ class Engine:
         for out in outputs:
             if out.finish_reason is not None:
                 self._sequences.pop(out.request_id, None)
+                if out.num_draft_tokens:
+                    self._batch_drafts.append((out.request_id, out.num_draft_tokens, out.num_accepted_tokens))
         return outputs
 
-    def _forward(self, scheduled: ScheduledStep) -> tuple[list[Sequence], torch.Tensor, list]:
+    def _forward(self, scheduled: ScheduledStep) -> tuple[list[Sequence], torch.Tensor, list, list[list[int]]]:
         """The sequences whose next token this step chooses (every decoding one, or the prompts
-        the prefill completed), their logits [len, V] and prompt records."""
+        the prefill completed), their logits [rows, V], prompt records and drafts (a decode
+        step's: one row per sequence, and one more per drafted token)."""
         if scheduled.decode:
-            return scheduled.decode, self.runner.decode(scheduled.decode), [None] * len(scheduled.decode)
+            decode = scheduled.decode
+            drafts = propose(decode, self.max_model_len)
+            logits = self.runner.decode(decode, drafts) if any(drafts) else self.runner.decode(decode)
+            return decode, logits, [None] * len(decode), drafts
         with prefill_heap():
             done = self.runner.prefill(scheduled.prefill, scheduled.prefill_tokens)
         if not done:
-            return [], torch.empty(0), []
+            return [], torch.empty(0), [], []
         seqs, logits, records = zip(*done)
-        return list(seqs), torch.stack(logits), list(records)
+        return list(seqs), torch.stack(logits), list(records), []
+
+    @property
+    def is_speculative(self) -> bool:
+        """Only where a row's bits do not depend on the rows beside it nor on whether a prompt
+        or a decode step computed its keys (our kernels): the torch path pads a step to a fixed
+        row count, which extra rows would overrun."""
+        return self.config.speculative and self.model.ops.reuses_prefixes
 
     # --- batch accounting --------------------------------------------------------------
 
@@ -283,8 +307,8 @@ class Engine:
         if self.has_work() or self._batch_start is None:
             return None
         summary = BatchSummary(self._batch_max, time.perf_counter() - self._batch_start,
-                               self.outputs.take_num_tokens())
-        self._batch_start, self._batch_max = None, 0
+                               self.outputs.take_num_tokens(), self._batch_drafts)
+        self._batch_start, self._batch_max, self._batch_drafts = None, 0, []
         return summary
 
     @property
@@ -318,6 +342,13 @@ class Engine:
             return {"enabled": False, "reason": reason}
         return {"enabled": True, **self.prefix_cache.info()}
 
+    def speculative_info(self) -> dict:
+        if not self.is_speculative:
+            reason = ("off (--no-speculative)" if not self.config.speculative
+                      else "off: this decode path pads a step to a fixed row count, which drafted rows would overrun")
+            return {"enabled": False, "reason": reason}
+        return {"enabled": True, "drafting": "prompt lookup", "max_draft_tokens": self.config.max_draft_tokens}
+
     def info(self) -> dict:
         """Everything that shapes the numbers, for /v1/server_info and bench reports."""
         return {
@@ -338,6 +369,7 @@ class Engine:
             "weights": self.weights,
             "weights_bytes": self.model.weights_nbytes,
             "prefix_cache": self.prefix_cache_info(),
+            "speculative": self.speculative_info(),
             "num_threads": self.num_threads,
             "torch_version": torch.__version__,
         }

@@ -214,6 +214,8 @@ class OutputProcessor:
             num_prompt_tokens=len(seq.prompt_ids), num_output_tokens=len(seq.output_ids),
             finish_reason=seq.finish_reason, error=seq.error, error_code=seq.error_code,
             num_kept_tokens=seq.text.num_kept_tokens, num_cached_tokens=seq.num_cached_tokens,
+            num_draft_tokens=seq.drafter.num_proposed if seq.drafter else 0,
+            num_accepted_tokens=seq.drafter.num_accepted if seq.drafter else 0,
         )
 
     def fail(self, seq: Sequence, message: str) -> RequestOutput:

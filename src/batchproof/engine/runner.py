@@ -105,21 +105,27 @@ class ModelRunner:
         steps = list(range(start + 1, start + 1 + len(targets)))
         return build_records(logits, targets, [top_n] * len(targets), steps, self.model.ops.normalizer_and_top_k)
 
-    def decode(self, seqs: list[Sequence]) -> torch.Tensor:
-        """One new token for each sequence, all in one forward pass -> logits [len(seqs), V]."""
-        num_seqs = len(seqs)
-        rows = self.model.ops.decode_rows(num_seqs, self.max_batch)
+    def decode(self, seqs: list[Sequence], drafts: list[list[int]] | None = None) -> torch.Tensor:
+        """The next token of each sequence, all in one forward pass -> logits [rows, V]: one row per
+        sequence, or with drafts, seqs[i]'s rows together: after its last token, then after each
+        of drafts[i] (fed at the positions that follow). Every row is a decode row of its own
+        position (each attends to the keys up to it, written in the same layer before any row
+        reads them), so it has the bits a step that fed those tokens one at a time gives."""
+        drafts = drafts or [[] for _ in seqs]
+        fed = [[s.output_ids[-1], *d] for s, d in zip(seqs, drafts)]
+        num_real = sum(len(f) for f in fed)
+        rows = self.model.ops.decode_rows(num_real, self.max_batch)
         token_ids = torch.zeros(rows, dtype=torch.int64)
         positions = torch.zeros(rows, dtype=torch.int64)
         slots = torch.zeros(rows, dtype=torch.int64)
-        token_ids[:num_seqs] = torch.tensor([s.output_ids[-1] for s in seqs])
-        positions[:num_seqs] = torch.tensor([s.num_tokens - 1 for s in seqs])
-        slots[:num_seqs] = torch.tensor([s.slot for s in seqs])
+        token_ids[:num_real] = torch.tensor([t for f in fed for t in f])
+        positions[:num_real] = torch.tensor([s.num_tokens - 1 + j for s, f in zip(seqs, fed) for j in range(len(f))])
+        slots[:num_real] = torch.tensor([s.slot for s, f in zip(seqs, fed) for _ in f])
         hidden = self.model.decode(token_ids.to(self.device), positions.to(self.device), slots.to(self.device),
-                                   num_seqs, self.caches.kv)
+                                   num_real, self.caches.kv)
         for seq in seqs:
             seq.num_computed = seq.num_tokens
-        return self.model.logits(hidden, out=self._logits_buffer(hidden.shape[0]))[:num_seqs].cpu()
+        return self.model.logits(hidden, out=self._logits_buffer(hidden.shape[0]))[:num_real].cpu()
 
     def _logits_buffer(self, rows: int) -> torch.Tensor:
         """[rows, V], the same memory every decode step: the step's logits are read before the

@@ -10,6 +10,7 @@ import torch
 from batchproof.engine.grammar.state import GrammarState
 from batchproof.engine.logprobs import TokenRecord
 from batchproof.engine.sampling_params import SamplingParams
+from batchproof.engine.speculative.drafter import Drafter
 from batchproof.engine.text.text_stream import TextStream
 
 
@@ -39,6 +40,9 @@ class RequestOutput:
     # The ids of the tokens whose text this delta releases, always (records only with logprobs):
     # over a request's deltas they number num_kept_tokens, in the places the records take.
     token_ids: list[int] = field(default_factory=list)
+    # Speculative decoding, so far: tokens drafted for this request, and of those, emitted.
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
 
 
 @dataclass
@@ -73,6 +77,7 @@ class Sequence:
     error_code: str | None = None  # RequestOutput.error_code
     logit_bias: torch.Tensor | None = None  # params.logit_bias as one row [V] (sampler.logit_bias_row)
     grammar: GrammarState | None = None  # under a constraint: its matcher and next mask
+    drafter: Drafter | None = None  # its speculative drafts (None: speculation off)
 
     def __post_init__(self) -> None:
         self.seen_ids = set(self.prompt_ids)

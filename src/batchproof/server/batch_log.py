@@ -14,6 +14,21 @@ def batch_line(summary: BatchSummary) -> str:
     return f"batch m={m} done in {summary.duration_s * 1000:.0f}ms ({per_slot:.1f} tok/s/slot)"
 
 
+MAX_NAMED = 32
+
+
+def drafts_line(summary: BatchSummary) -> str | None:
+    """Speculative decoding's counts per request of the batch (those with drafts), or None."""
+    if not summary.drafts:
+        return None
+    proposed = sum(p for _, p, _ in summary.drafts)
+    accepted = sum(a for _, _, a in summary.drafts)
+    # A busy period may span thousands of requests: the line names the first few.
+    each = ", ".join(f"{request_id} {a}/{p}" for request_id, p, a in summary.drafts[:MAX_NAMED])
+    more = f", and {len(summary.drafts) - MAX_NAMED} more" if len(summary.drafts) > MAX_NAMED else ""
+    return f"speculative: accepted {accepted}/{proposed} drafted tokens ({each}{more})"
+
+
 class BatchLog:
     def __init__(self, metrics: Metrics, log_file: Path | None) -> None:
         self.metrics = metrics
@@ -32,6 +47,12 @@ class BatchLog:
         """Called on the engine thread when a batch ends."""
         self.metrics.batch_size.observe(summary.max_batch_size)
         self.logger.info(batch_line(summary))
+        for _, proposed, accepted in summary.drafts:
+            self.metrics.draft_tokens.inc(proposed)
+            self.metrics.accepted_tokens.inc(accepted)
+            self.metrics.acceptance.observe(accepted / proposed)
+        if (line := drafts_line(summary)) is not None:  # its own line: the probe reads `batch m=` lines as they are
+            self.logger.info(line)
         for handler in self.logger.handlers:
             handler.flush()
 

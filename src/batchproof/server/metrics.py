@@ -7,6 +7,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 # One bucket per batch size up to the default max batch, so the probe can read the
 # largest m of a band exactly from two scrapes.
 BATCH_SIZE_BUCKETS = (*range(1, 17), 24, 32, 48, 64, 128)
+ACCEPTANCE_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0)
 
 
@@ -31,6 +32,16 @@ class Metrics:
         self.batch_size = Histogram("batchproof_batch_size",
                                     "per completed batch: the most sequences decoded together",
                                     buckets=BATCH_SIZE_BUCKETS, registry=r)
+
+        # Speculative decoding, counted as each request ends (per request: the histogram of the
+        # share of its drafted tokens it emitted; the log line names each request's counts).
+        self.draft_tokens = Counter("batchproof_speculative_draft_tokens", "tokens drafted for verification",
+                                    registry=r)
+        self.accepted_tokens = Counter("batchproof_speculative_accepted_tokens",
+                                       "drafted tokens verified and emitted", registry=r)
+        self.acceptance = Histogram("batchproof_speculative_acceptance_ratio",
+                                    "per request with drafts: accepted / drafted tokens", buckets=ACCEPTANCE_BUCKETS,
+                                    registry=r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -3,7 +3,7 @@
 Every figure is measured in this run; `--vs URL` measures a peer server (llama.cpp's
 llama-server, say) with the same workload right after ours, so ratios compare like
 with like on one machine. A flag picks a bench of its own (`--prefix-cache`, `--fleet`,
-`--structured`), one module each here; `servers` starts what they measure and `http`
+`--structured`, `--speculative`), one module each here; `servers` starts what they measure and `http`
 measures it, the same way for every bench. `--write-model PATH` writes a random-weight GGUF
 in a larger model's shapes to measure on (`random_model`).
 """
@@ -40,6 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="`batchproof fleet` (2 replicas x 1 thread) against one server: c=16, the Ray hop, memory")
     parser.add_argument("--structured", action="store_true",
                         help="only measure structured output: decode under a JSON schema against free, c=1 and c=16")
+    parser.add_argument("--speculative", action="store_true",
+                        help="only measure speculative decoding: two servers (on and off, and --vs if given), c=1 "
+                             "and c=16 on an editing task, a JSON extraction and free chat")
     parser.add_argument("--json", type=Path, help="also write every figure to this file")
     parser.add_argument("--write-model", type=Path, metavar="PATH",
                         help="only write a GGUF of random quantized weights in --shape with the default model's "
@@ -69,6 +72,13 @@ def run(args: argparse.Namespace) -> int:
 
         return _own_bench(args, "structured", lambda: structured.measure(args.model, args.max_tokens, args.repeats),
                           structured.report)
+    if args.speculative:
+        from batchproof.commands.bench import speculative
+
+        concurrency = (tuple(int(c) for c in args.concurrency.split(",")) if args.concurrency
+                       else speculative.CONCURRENCY)
+        return _own_bench(args, "speculative", lambda: speculative.measure(
+            args.model, args.serve_arg, args.repeats, args.vs, concurrency), speculative.report)
     from batchproof.commands.bench import speed
 
     return speed.run(args)

@@ -1,0 +1,283 @@
+"""Speculative decoding changes no bit: every request gets the same tokens, logprobs and top-20
+alternatives (`==` on every float), the same text and the same ending with speculation as
+without, alone and in a batch of 16 mixed requests, greedy and seeded, under a JSON schema,
+with the prefix cache warm and cold; and prompts that repeat text do get drafts accepted, so
+the verifying path is the one these tests run.
+
+The session's `engine` speculates (the default); `plain` is an engine without speculation
+or prefix cache: the reference."""
+
+import json
+
+import pytest
+
+from batchproof.engine.config import EngineConfig
+from batchproof.engine.engine import Engine
+from batchproof.engine.grammar import compile as grammars
+from batchproof.engine.model.ops import kernels
+from batchproof.engine.sampling_params import SamplingParams
+from batchproof.engine.speculative.drafter import Drafter
+from batchproof.engine.speculative.lookup import NgramIndex
+from tests.helpers.second_model import gemma_package  # noqa: F401 (a fixture)
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="speculation needs our kernels")
+
+PASSAGE = ("The lighthouse stood on a rock at the mouth of the bay. Every night the keeper climbed the "
+           "ninety steps, trimmed the wick and wound the clockwork that turned the lens. Ships passing in "
+           "the dark saw the beam sweep the water every twelve seconds, and knew where the reef lay.")
+EDIT = f"Copy this text exactly, changing 'ninety' to 'eighty':\n\n{PASSAGE}"
+EXTRACT = f"From this passage, give the number of steps and the beam's period as JSON.\n\n{PASSAGE}"
+FREE = "Write a short poem about autumn leaves."
+SCHEMA = {"type": "object", "properties": {"steps": {"type": "integer"}, "period_s": {"type": "integer"},
+                                           "place": {"type": "string"}},
+          "required": ["steps", "period_s", "place"], "additionalProperties": False}
+TOP = 20
+
+
+@pytest.fixture(scope="module")
+def plain():
+    return Engine(EngineConfig(device="cpu", speculative=False, prefix_cache=False))
+
+
+def signature(outputs) -> tuple:
+    """Every float a reply carries, exactly, with its text and ending."""
+    records = [(r.step, r.token_id, r.logprob, tuple((t.token_id, t.logit, t.logprob) for t in r.top))
+               for out in outputs for r in out.records]
+    return records, "".join(out.text for out in outputs), [i for o in outputs for i in o.token_ids], \
+        outputs[-1].finish_reason, outputs[-1].num_output_tokens
+
+
+def chat(engine, text: str) -> list[int]:
+    return engine.chat_prompt_ids([{"role": "user", "content": text}])
+
+
+def greedy(max_tokens: int = 64, **extra) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, top_logprobs=TOP, **extra)
+
+
+def seeded(seed: int, max_tokens: int = 64, **extra) -> SamplingParams:
+    return SamplingParams(temperature=0.7, seed=seed, max_tokens=max_tokens, top_logprobs=TOP, **extra)
+
+
+def alone(engine, prompt_ids: list[int], params: SamplingParams, request_id: str = "r"):
+    return engine.generate({request_id: (prompt_ids, params)})[request_id]
+
+
+# --- the drafts -----------------------------------------------------------------------------
+
+def test_lookup_drafts_what_followed_the_latest_longest_match_of_the_tail():
+    index = NgramIndex([1, 2, 3, 4, 5, 9, 2, 3, 7, 8, 6, 2, 3])
+    assert index.draft(3) == [7, 8, 6]  # no earlier [6, 2, 3]; [2, 3] last before 7 (the tail has no follower)
+    index.extend([7])
+    assert index.draft(5) == [8, 6, 2, 3, 7]  # [2, 3, 7], copied through to the end
+    assert index.draft(7) == [8, 6, 2, 3, 7, 8, 6]  # then on, with the match's period
+    assert index.draft(1) == [8]
+    assert NgramIndex([5, 6, 7]).draft(4) == []
+
+
+def accept(drafter: Drafter, times: int, num_proposed: int, num_accepted: int) -> None:
+    for _ in range(times):
+        drafter.observe(num_proposed, num_accepted)
+
+
+def test_draft_length_follows_acceptance_and_backs_off_on_misses():
+    drafter = Drafter([1, 2, 3, 1, 2, 3, 1, 2], max_len=15)  # periodic: [3, 1, 2] repeats
+    assert drafter.propose([], room=15) == [3]  # unmeasured: one token (one cheap row)
+    accept(drafter, 3, 1, 1)
+    assert drafter.propose([], room=15) == [3, 1, 2]  # taken: three (the 4-row tile)
+    accept(drafter, 6, 3, 3)
+    assert drafter.propose([], room=15) == [3, 1, 2] * 5  # all taken, always: the longest
+    assert drafter.propose([], room=2) == [3, 1]  # never past the room it is given
+    drafter.observe(15, 0)  # a miss: shorter, and a step without drafts
+    assert drafter.propose([], room=15) == []
+    assert 0 < len(drafter.propose([], room=15)) < 15
+    misses = 0
+    while not drafter.is_probing and misses < 10:  # misses in a row: the estimate falls to nothing pays
+        drafter.observe(1, 0)
+        misses += 1
+    assert drafter.is_probing and misses > 2
+    assert [drafter.propose([], room=15) for _ in range(31)] == [[]] * 31  # the longest wait
+    assert drafter.propose([], room=15) == [3]  # then a probe
+    assert (drafter.num_proposed, drafter.num_accepted) == (3 + 18 + 15 + misses, 3 + 18)
+
+
+def test_a_step_keeps_only_the_drafts_that_pay_for_their_rows():
+    from types import SimpleNamespace
+
+    from batchproof.engine.speculative.propose import _worth_their_rows
+
+    def seqs(acceptance: float, n: int) -> list:
+        drafter = Drafter([1], 15)
+        drafter._accepted, drafter._tried = acceptance, 1.0
+        return [SimpleNamespace(drafter=drafter)] * n
+
+    assert _worth_their_rows(seqs(0.99, 1), [[7] * 15]) == [[7] * 15]
+    assert _worth_their_rows(seqs(0.6, 16), [[7]] * 16) == [[]] * 16  # a full batch: a row costs a token
+    assert _worth_their_rows(seqs(0.99, 16), [[7] * 15] * 16) == [[]] * 16  # a full batch runs as plain
+    assert sum(map(len, _worth_their_rows(seqs(0.99, 4), [[7] * 3] * 4))) == 12  # up to 16 rows
+    assert _worth_their_rows(seqs(0.05, 1), [[7]]) == [[7]]  # a probe, where a row is cheap
+    assert _worth_their_rows(seqs(0.05, 4), [[7]] * 4) == [[]] * 4
+    assert _worth_their_rows(seqs(0.05, 3), [[7]] * 3) == [[7], [], []]  # one probe: 4 rows
+
+
+# --- alone: speculative == plain ------------------------------------------------------------
+
+@pytest.mark.parametrize("text", [EDIT, EXTRACT, FREE])
+def test_greedy_alone_is_bitwise_plain_decoding(engine, plain, text):
+    ids = chat(engine, text)
+    spec = alone(engine, ids, greedy(cache_namespace=None))
+    assert signature(spec) == signature(alone(plain, ids, greedy()))
+    if text is EDIT:  # copying: the path under test is the verifying one
+        assert spec[-1].num_accepted_tokens > 0
+        assert spec[-1].num_accepted_tokens <= spec[-1].num_draft_tokens
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_seeded_sampling_alone_is_bitwise_plain_decoding(engine, plain, seed):
+    """One draw per emitted token, in order: a position's draw never depends on how many
+    positions a step verified."""
+    ids = chat(engine, EDIT)
+    spec = alone(engine, ids, seeded(seed))
+    assert signature(spec) == signature(alone(plain, ids, seeded(seed)))
+    assert spec[-1].num_accepted_tokens > 0
+
+
+@pytest.mark.parametrize("max_tokens", [1, 5, 17])
+def test_max_tokens_inside_an_accepted_run_ends_where_plain_decoding_does(engine, plain, max_tokens):
+    ids = chat(engine, EDIT)
+    spec = alone(engine, ids, greedy(max_tokens, ignore_eos=True))
+    assert signature(spec) == signature(alone(plain, ids, greedy(max_tokens, ignore_eos=True)))
+    assert spec[-1].num_output_tokens == max_tokens
+
+
+@pytest.mark.parametrize("stop", ["twelve"])
+def test_a_stop_string_inside_an_accepted_run_ends_where_plain_decoding_does(engine, plain, stop):
+    ids = chat(engine, EDIT)
+    spec = alone(engine, ids, greedy(stop=(stop,)))
+    assert signature(spec) == signature(alone(plain, ids, greedy(stop=(stop,))))
+    assert spec[-1].finish_reason == "stop"
+
+
+def test_the_end_of_turn_inside_an_accepted_run_ends_where_plain_decoding_does(engine, plain):
+    """The copy ends with the passage: the end of turn comes right after a drafted run."""
+    ids = chat(engine, f"Repeat exactly: {PASSAGE}")
+    spec = alone(engine, ids, greedy(200))
+    assert signature(spec) == signature(alone(plain, ids, greedy(200)))
+    assert spec[-1].finish_reason == "stop" and spec[-1].num_accepted_tokens > 0
+
+
+def test_under_a_json_schema_every_position_is_masked_as_plain_decoding_masks_it(engine, plain):
+    ids = chat(engine, EXTRACT)
+    for params in (greedy(80, constraint=grammars.json_schema(SCHEMA)),
+                   seeded(4, 80, constraint=grammars.json_schema(SCHEMA), logprobs_mode="processed")):
+        spec = alone(engine, ids, params)
+        assert signature(spec) == signature(alone(plain, ids, params))
+        json.loads("".join(o.text for o in spec))
+
+
+def test_penalties_read_the_tokens_accepted_before_each_position(engine, plain):
+    ids = chat(engine, EDIT)
+    params = SamplingParams(temperature=0.0, max_tokens=48, top_logprobs=TOP, repetition_penalty=1.3,
+                            frequency_penalty=0.5, logit_bias={13: 2.0})
+    assert signature(alone(engine, ids, params)) == signature(alone(plain, ids, params))
+
+
+# --- in a batch -----------------------------------------------------------------------------
+
+def mixed_batch(engine, size: int) -> dict:
+    """`size` requests, each its own draft length every step: copying, extraction under a
+    schema, free text; greedy and seeded; some with stop strings."""
+    prompts = [chat(engine, text) for text in (EDIT, EXTRACT, FREE, f"Repeat exactly: {PASSAGE}")]
+    requests = {}
+    for i in range(size):
+        kind = i % 4
+        extra = {"constraint": grammars.json_schema(SCHEMA)} if kind == 1 and i % 8 == 1 else {}
+        if i % 5 == 3:
+            extra["stop"] = ("twelve",)
+        params = greedy(40, **extra) if i % 3 else seeded(i, 40, **extra)
+        requests[f"b{i}"] = (prompts[kind], params)
+    return requests
+
+
+@pytest.mark.parametrize("size", [3, 16])
+def test_a_mixed_batch_is_bitwise_each_alone_and_plain(engine, plain, size):
+    """At 3 the sequences draft side by side, each its own length (unproven ones as probes
+    while the step stays within 4 rows, proven ones as their acceptance pays); at 16 a full
+    batch drafts only while some prompts are still being fed (propose.py)."""
+    requests = mixed_batch(engine, size)
+    together = engine.generate(requests)
+    if size == 3:
+        assert sum(outs[-1].num_accepted_tokens for outs in together.values()) > 0
+    for request_id, (ids, params) in requests.items():
+        expected = signature(alone(plain, ids, params, request_id))
+        assert signature(together[request_id]) == expected, request_id
+        if size == 3:  # (alone speculative == plain has its own tests above; a batch of 16 is the cost)
+            assert signature(alone(engine, ids, params, request_id)) == expected, request_id
+
+
+def test_a_request_joining_a_speculating_batch_is_bitwise_alone(engine, plain):
+    """A newcomer's prefill steps interleave with the running sequences' verify steps."""
+    ids = chat(engine, EDIT)
+    engine.add_request("first", ids, greedy(60))
+    outs: dict[str, list] = {"first": [], "late": []}
+    for _ in range(3):
+        for out in engine.step():
+            outs[out.request_id].append(out)
+    engine.add_request("late", chat(engine, f"Repeat exactly: {PASSAGE}"), seeded(7, 60))
+    while engine.has_work():
+        for out in engine.step():
+            outs[out.request_id].append(out)
+    engine.take_batch_summary()
+    assert signature(outs["first"]) == signature(alone(plain, ids, greedy(60)))
+    assert signature(outs["late"]) == signature(alone(plain, chat(engine, f"Repeat exactly: {PASSAGE}"),
+                                                      seeded(7, 60)))
+
+
+# --- the prefix cache -----------------------------------------------------------------------
+
+def test_rejected_drafts_never_reach_the_prefix_cache(engine, plain):
+    """A reply with rejected drafts retires into the cache (its whole blocks of prompt and
+    reply); a follow-up whose prompt holds that reply is served those blocks, warm, and gets
+    the bits of a cold engine that never speculated."""
+    ids = chat(engine, EDIT)
+    first = alone(engine, ids, greedy(64, ignore_eos=True), "first")
+    assert 0 < first[-1].num_accepted_tokens < first[-1].num_draft_tokens  # some drafts were rejected
+    reply = [i for o in first for i in o.token_ids]
+    follow_up = ids + reply + chat(engine, "Now say it again.")[1:]
+    warm = alone(engine, follow_up, greedy(24), "warm")
+    assert warm[-1].num_cached_tokens >= 16 * ((len(ids) + len(reply)) // 16) - 16
+    assert signature(warm) == signature(alone(plain, follow_up, greedy(24)))
+
+
+def test_warm_and_cold_prefix_cache_give_the_same_bits(engine, plain):
+    ids = chat(engine, f"Repeat exactly: {PASSAGE}")
+    cold = alone(engine, ids, seeded(11, 48, cache_namespace=None))
+    warm_once = alone(engine, ids, seeded(11, 48))
+    warm_twice = alone(engine, ids, seeded(11, 48))
+    assert warm_twice[-1].num_cached_tokens > 0
+    expected = signature(alone(plain, ids, seeded(11, 48)))
+    assert signature(cold) == signature(warm_once) == signature(warm_twice) == expected
+
+
+# --- off where it cannot be exact, and off when asked ---------------------------------------
+
+def test_off_when_asked_and_said_so(plain):
+    assert plain.info()["speculative"] == {"enabled": False, "reason": "off (--no-speculative)"}
+    out = alone(plain, chat(plain, EDIT), greedy(16))
+    assert out[-1].num_draft_tokens == 0
+
+
+# --- the second model -----------------------------------------------------------------------
+
+@pytest.mark.usefixtures("gemma_package")
+def test_gemma_copying_is_bitwise_plain_decoding():
+    """A base model (no chat template): a prompt that sets up a repetition."""
+    from pathlib import Path
+    config = dict(model_path=Path("gemma3-270m"), device="cpu", max_batch=4, max_model_len=512)
+    spec = Engine(EngineConfig(**config))
+    ref = Engine(EngineConfig(**config, speculative=False, prefix_cache=False))
+    ids = [spec.tokenizer.ids.bos_id, *spec.tokenizer.encode(f"Text: {PASSAGE}\n\nThe same text, repeated:\n")]
+    for params in (greedy(48), seeded(5, 48)):
+        out = alone(spec, ids, params)
+        assert signature(out) == signature(alone(ref, ids, params))
+    assert out[-1].num_accepted_tokens > 0
