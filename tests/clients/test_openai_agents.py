@@ -22,6 +22,17 @@ def _model(server, model_name: str, recorder) -> "agents.OpenAIResponsesModel":
     return agents.OpenAIResponsesModel(model_name, client)
 
 
+def _weather_tool(calls: list[str]):
+    """The SDK's function tool, noting each city it is called with in `calls`."""
+    @agents.function_tool
+    def get_weather(city: str) -> str:
+        """The weather in a city now."""
+        calls.append(city)
+        return weather(city)
+
+    return get_weather
+
+
 def _run(agent, question: str, streamed: bool):
     async def run():
         if not streamed:
@@ -36,14 +47,8 @@ def _run(agent, question: str, streamed: bool):
 
 @pytest.mark.parametrize("streamed", [False, True], ids=["whole", "streamed"])
 def test_a_tool_round_ends_in_an_answer(server, model_name, recorder, streamed) -> None:
-    calls = []
-
-    @agents.function_tool
-    def get_weather(city: str) -> str:
-        """The weather in a city now."""
-        calls.append(city)
-        return weather(city)
-
+    calls: list[str] = []
+    get_weather = _weather_tool(calls)
     agent = agents.Agent(name="weather", instructions=INSTRUCTIONS, tools=[get_weather],
                          model=_model(server, model_name, recorder),
                          model_settings=agents.ModelSettings(tool_choice="required", parallel_tool_calls=False,
@@ -67,14 +72,8 @@ def test_the_sdks_default_tool_settings(server, model_name, recorder, streamed) 
     calling) and the run ends; before the server taught its own call format, this was a 400 on both
     packaged models. Greedy, so the reply ends within max_tokens: the SDK fails a reply cut short (its
     default temperature samples, and a 135M model can ramble past any bound)."""
-    calls = []
-
-    @agents.function_tool
-    def get_weather(city: str) -> str:
-        """The weather in a city now."""
-        calls.append(city)
-        return weather(city)
-
+    calls: list[str] = []
+    get_weather = _weather_tool(calls)
     agent = agents.Agent(name="weather", instructions=INSTRUCTIONS, tools=[get_weather],
                          model=_model(server, model_name, recorder),
                          model_settings=agents.ModelSettings(temperature=0, max_tokens=60))
