@@ -5,8 +5,10 @@
     common  <- probe
     common  <- check
     common, check <- report
+    common, probe, check, report <- board
+    common  <- notary <- server, commands
 
-`common`, `probe`, `check` and `report` import neither torch nor numpy, not even through another
+`common`, `probe`, `check`, `report`, `board` and `notary` import neither torch nor numpy, not even through another
 module of ours, nor anything beyond the standard library and pyproject's base dependencies
 (the light install, `pip install batchproof`, with the verbs it runs; the venv itself is tested in
 tests/probe/test_light_install.py); the engine never imports the server; the probe and the check never
@@ -38,18 +40,21 @@ PACKAGE = Path(__file__).resolve().parent.parent / "src" / "batchproof"
 ALLOWED = {
     "common": {"common"},
     "engine": {"common", "engine"},
-    "server": {"common", "engine", "server"},
+    "server": {"common", "engine", "notary", "server"},
     "fleet": {"common", "engine", "server", "fleet"},
     "probe": {"common", "probe"},
     "check": {"common", "check"},
     "report": {"common", "check", "report"},
-    "commands": {"common", "engine", "server", "fleet", "probe", "check", "report", "commands"},
+    "notary": {"common", "notary"},
+    "board": {"common", "probe", "check", "report", "board"},
+    "commands": {"common", "engine", "server", "fleet", "probe", "check", "report", "notary", "board", "commands"},
     "cli": {"commands"},
 }
-TORCH_FREE = {"common", "probe", "check", "report"}
+TORCH_FREE = {"common", "probe", "check", "report", "notary", "board"}
 HEAVY = {"torch", "numpy"}
 # What `pip install batchproof` (no extras) must run: these layers and these verbs.
-LIGHT_VERBS = ["cli", "commands.extras", "commands.probe", "commands.check", "commands.report", "commands.models"]
+LIGHT_VERBS = ["cli", "commands.extras", "commands.probe", "commands.check", "commands.report", "commands.models",
+               "commands.board"]
 PYPROJECT = PACKAGE.parent.parent / "pyproject.toml"
 
 
@@ -283,8 +288,8 @@ def test_probe_check_and_cli_run_without_torch_or_numpy():
     parser (every verb's flags) load, and neither heavy module was even attempted."""
     assert run_blocking(("torch", "numpy"), (
         "import pkgutil, importlib, batchproof.probe, batchproof.check, batchproof.common, batchproof.report\n"
-        "import batchproof.cli\n"
-        "for pkg in (batchproof.probe, batchproof.check, batchproof.common, batchproof.report):\n"
+        "import batchproof.board, batchproof.cli\n"
+        "for pkg in (batchproof.probe, batchproof.check, batchproof.common, batchproof.report, batchproof.board):\n"
         "    for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + '.'):\n"
         "        importlib.import_module(m.name)\n"
         "batchproof.cli.build_parser()\n"

@@ -31,6 +31,9 @@ COMMANDS: dict[str, Verb] = {
     "check": Verb("batchproof.commands.check", "judge a witness against the serving-shape contract"),
     "witness": Verb("batchproof.commands.witness", "serve, probe and check in one command", SERVE),
     "report": Verb("batchproof.commands.report", "write a witness and its check as one HTML page"),
+    "board": Verb("batchproof.commands.board", "probe every server of a board file twice, with negative controls"),
+    "verify-rollouts": Verb("batchproof.commands.verify_rollouts",
+                            "re-score another engine's rollouts and report the logprob gap", SERVE),
 }
 
 

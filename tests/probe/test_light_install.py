@@ -76,8 +76,8 @@ def test_the_light_install_brings_neither_torch_nor_numpy(light: Path) -> None:
 def test_the_probe_check_and_report_import_without_the_engine(light: Path) -> None:
     code = (
         "import importlib, json, pkgutil, sys\n"
-        "import batchproof.probe, batchproof.check, batchproof.report\n"
-        "for package in (batchproof.probe, batchproof.check, batchproof.report):\n"
+        "import batchproof.probe, batchproof.check, batchproof.report, batchproof.board\n"
+        "for package in (batchproof.probe, batchproof.check, batchproof.report, batchproof.board):\n"
         "    for found in pkgutil.walk_packages(package.__path__, package.__name__ + '.'):\n"
         "        importlib.import_module(found.name)\n"
         f"print(json.dumps(sorted(m for m in sys.modules if m.startswith({HEAVY!r}))))\n"
@@ -94,6 +94,15 @@ def test_probe_help_exits_0_and_loads_only_the_probe(light: Path) -> None:
     assert result.stdout.startswith("usage: batchproof probe") and "--url URL" in result.stdout
     imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if "|" in line}
     assert "batchproof.probe.run" in imported
+    assert sorted(m for m in imported if m.startswith(HEAVY)) == []
+
+
+def test_board_help_exits_0_and_loads_no_engine(light: Path) -> None:
+    result = _run([str(light / "batchproof"), "board", "--help"], env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith("usage: batchproof board") and "--out DIR" in result.stdout
+    imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if "|" in line}
+    assert "batchproof.board.run" in imported and "batchproof.board.drift_server" in imported
     assert sorted(m for m in imported if m.startswith(HEAVY)) == []
 
 

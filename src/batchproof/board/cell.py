@@ -1,0 +1,132 @@
+"""One cell of the board: a server in one configuration, probed twice, each witness checked and
+drawn; the cell's verdict only when the two runs agree."""
+
+import asyncio
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from batchproof.board.spec import CONFIGURATIONS
+from batchproof.check.contract import BlessedModel, Contract
+from batchproof.check.rules import judge
+from batchproof.check.witness import parse_witness
+from batchproof.probe.config import ProbeConfig
+from batchproof.probe.display import ProgressDisplay
+from batchproof.probe.matrix import Matrix
+from batchproof.probe.run import Prober, fired_prompts
+from batchproof.probe.witness import build_witness, identify, write_witness
+from batchproof.report.page import render
+
+RUNS = 2
+ADMISSIBLE, NOT_ADMISSIBLE = "ADMISSIBLE", "NOT ADMISSIBLE"
+UNSTABLE, UNREACHABLE, NOT_RUN = "UNSTABLE", "UNREACHABLE", "NOT RUN"
+# A control is caught only for batching's sake: a reason from the bands (S5, S6) or their logprobs,
+# not a missing identity or an unreachable server, which would fail a well-behaved server too.
+BATCHING_REASONS = ("S5:", "S6:", "logprobs:")
+
+
+@dataclass(frozen=True)
+class Target:
+    """A server ready to be probed, and what the witness says served."""
+
+    url: str
+    model: Path | None = None
+    server_log: Path | None = None
+    probe: dict[str, Any] = dataclasses.field(default_factory=dict)
+    host: str | None = None
+    commit: str | None = None
+    binary: Path | None = None
+    binary_sha256: str | None = None
+
+
+def probe_config(target: Target, configuration: str, matrix: Path | None, witness: Path) -> ProbeConfig:
+    """The probe's settings for one run (the board file's were checked when it was read)."""
+    return ProbeConfig(url=target.url, witness=witness, matrix=matrix, model_file=target.model,
+                       server_log=target.server_log, host=target.host, commit=target.commit, binary=target.binary,
+                       binary_sha256=None if target.binary is not None else target.binary_sha256,
+                       **CONFIGURATIONS[configuration], **target.probe)
+
+
+def probe(config: ProbeConfig, matrix: Matrix) -> tuple[dict[str, Any], str | None]:
+    """One probe run as `batchproof probe` makes it: (the witness, why the server was unreachable)."""
+    prompts = fired_prompts(config, matrix, config.prompt_set())
+    with ProgressDisplay(is_live=False) as progress:
+        record = asyncio.run(Prober(config, matrix, progress, prompts).run())
+    witness = build_witness(config, matrix, identify(config), record, prompts)
+    assert config.witness is not None
+    write_witness(config.witness, witness)
+    return witness, record.unreachable
+
+
+def served_contract(contract: Contract, witness: dict[str, Any]) -> Contract:
+    """The board's contract for this witness: the board judges batching, not which model a server
+    serves, so the model it names (by its sha256) is the blessed one."""
+    model = witness.get("model")
+    if not model:
+        return contract
+    return dataclasses.replace(contract, blessed_models=(BlessedModel(model["path"], model["sha256"]),))
+
+
+def s7(witness: dict[str, Any], ratio: float) -> dict[str, Any] | None:
+    """c=4's per-request decode rate as a share of c=1's, and whether it keeps the contract's share."""
+    rates = {band["c"]: band.get("decode_tok_s") for band in witness.get("bands") or []}
+    one, four = rates.get(1), rates.get(4)
+    if not one or not four:
+        return None
+    return {"c1_tok_s": one, "c4_tok_s": four, "share": four / one, "is_kept": four >= ratio * one}
+
+
+def section(witness: dict[str, Any], key: str) -> dict[str, Any] | None:
+    found = witness.get(key)
+    if not isinstance(found, dict):
+        return None
+    return {"result": found.get("result"), "num_findings": len(found.get("findings") or []),
+            "reason": found.get("reason")}
+
+
+def summary(witness: dict[str, Any], reasons: list[str], unreachable: str | None, ratio: float,
+            files: dict[str, str]) -> dict[str, Any]:
+    """What the board shows of one run."""
+    verdict = UNREACHABLE if unreachable is not None else (NOT_ADMISSIBLE if reasons else ADMISSIBLE)
+    bands = [{key: band.get(key) for key in ("c", "result", "m_formed", "logprob_max_abs_diff",
+                                              "logprobs_bitwise_equal")} for band in witness.get("bands") or []]
+    return {"verdict": verdict, "probe_result": witness.get("result"), "unreachable": unreachable,
+            "reasons": reasons, "bands": bands, "s7": s7(witness, ratio), "cache": section(witness, "cache"),
+            "stream_parity": section(witness, "stream_parity"),
+            "fail_open": [f"{f['route']} ({'streamed' if f['streamed'] else 'whole'}): {f['requests']} "
+                          f"request(s) with {f.get('what') or 'no logprobs'}" for f in witness.get("fail_open") or []],
+            **files}
+
+
+def run_once(target: Target, configuration: str, matrix_path: Path | None, matrix: Matrix, contract: Contract,
+             out: Path, stem: str) -> dict[str, Any]:
+    """One probe run, checked and drawn."""
+    witness_path, report_path = out / f"{stem}.json", out / f"{stem}.html"
+    config = probe_config(target, configuration, matrix_path, witness_path)
+    witness, unreachable = probe(config, matrix)
+    judged = served_contract(contract, witness)
+    if unreachable is not None:  # nothing measured, nothing to judge or draw
+        return summary(witness, [], unreachable, judged.decode_ratio_c4_over_c1,
+                       {"witness": witness_path.name, "report": None})
+    reasons = judge(parse_witness(json.dumps(witness)), judged)
+    verdict = NOT_ADMISSIBLE if reasons else ADMISSIBLE
+    report_path.write_text(render(witness, verdict, reasons, judged.decode_ratio_c4_over_c1, witness_path.name),
+                           encoding="utf-8")
+    return summary(witness, reasons, None, judged.decode_ratio_c4_over_c1,
+                   {"witness": witness_path.name, "report": report_path.name})
+
+
+def cell(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The runs' verdict when they agree (probe result and check verdict both); else UNSTABLE."""
+    if any(run["verdict"] == UNREACHABLE for run in runs):
+        return {"verdict": UNREACHABLE, "agree": None, "why": runs[-1]["unreachable"], "runs": runs}
+    agree = len({(run["verdict"], run["probe_result"]) for run in runs}) == 1
+    return {"verdict": runs[0]["verdict"] if agree else UNSTABLE, "agree": agree, "why": None, "runs": runs}
+
+
+def is_caught(row: dict[str, Any]) -> bool:
+    """A control's cell failed as a batch-variant server must: both runs NOT ADMISSIBLE for batching."""
+    return row["verdict"] == NOT_ADMISSIBLE and all(
+        any(reason.startswith(BATCHING_REASONS) for reason in run["reasons"]) for run in row["runs"])

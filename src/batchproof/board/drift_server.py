@@ -1,0 +1,144 @@
+"""The board's built-in negative control: a tiny OpenAI-style chat server whose logprobs drift with
+the batch size, as a batch-variant reduction order makes them (standard library only, no model).
+
+Requests that arrive within `window_s` of each other form one batch of m; every token's logprob
+moves by `drift * (m - 1)`, its text never does, so only a probe that compares logprobs bitwise
+catches it. Each batch is logged as `batch m=N done` (our server's spelling), so the probe reads
+the batch it formed from the log, as it does ours."""
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+MODEL = "drift-control"
+
+
+class Batcher:
+    """Who is in the current batch: its size now and the largest it reached, logged when it empties."""
+
+    def __init__(self, log_path: Path) -> None:
+        self._lock = threading.Lock()
+        self._active = 0
+        self._largest = 0
+        self._log_path = log_path
+
+    def join(self) -> None:
+        with self._lock:
+            self._active += 1
+            self._largest = max(self._largest, self._active)
+
+    def size(self) -> int:
+        with self._lock:
+            return self._active
+
+    def leave(self) -> None:
+        with self._lock:
+            self._active -= 1
+            if self._active:
+                return
+            largest, self._largest = self._largest, 0
+            with self._log_path.open("a", encoding="utf-8") as log:
+                log.write(f"INFO batch m={largest} done in 1ms (0.0 tok/s/slot)\n")
+
+
+def entry(step: int, m: int, drift: float) -> dict[str, Any]:
+    """Step `step`'s logprob entry in a batch of m: the chosen token and its runner-up, both moved."""
+    text, shift = f" w{step}", drift * (m - 1)
+    chosen = -0.1 - 0.01 * step - shift
+    top = [{"token": text, "logprob": chosen, "bytes": list(text.encode())},
+           {"token": " alt", "logprob": chosen - 1.9, "bytes": list(b" alt")}]
+    return {**top[0], "top_logprobs": top}
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: "DriftServer"
+
+    def log_message(self, format: str, *args: Any) -> None:  # the board's output is the probe's
+        pass
+
+    def _json(self, status: int, doc: dict[str, Any]) -> None:
+        body = json.dumps(doc).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        if self.path == "/v1/models":
+            self._json(200, {"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+        else:
+            self._json(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
+
+    def do_POST(self) -> None:
+        if self.path != "/v1/chat/completions":
+            self._json(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
+            return
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        batcher = self.server.batcher
+        batcher.join()
+        try:
+            time.sleep(self.server.window_s)  # the batch forms while every member waits
+            m = batcher.size()
+            entries = [entry(step, m, self.server.drift) for step in range(int(body.get("max_tokens") or 16))]
+            if body.get("stream"):
+                self._stream(entries)
+            else:
+                self._whole(entries)
+        finally:
+            batcher.leave()
+
+    def _stream(self, entries: list[dict[str, Any]]) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        self._event({"delta": {"role": "assistant", "content": ""}, "finish_reason": None}, stream_mode="live")
+        for item in entries:
+            time.sleep(self.server.token_delay_s)
+            self._event({"delta": {"content": item["token"]}, "logprobs": {"content": [item]}, "finish_reason": None})
+        self._event({"delta": {}, "finish_reason": "length"})
+        self._event(None, usage={"prompt_tokens": 5, "completion_tokens": len(entries),
+                                 "total_tokens": 5 + len(entries)})
+        self.wfile.write(b"data: [DONE]\n\n")
+
+    def _event(self, choice: dict[str, Any] | None, **extra: Any) -> None:
+        doc = {"id": "chatcmpl-drift", "object": "chat.completion.chunk", "model": MODEL,
+               "choices": [] if choice is None else [{"index": 0, **choice}], **extra}
+        self.wfile.write(f"data: {json.dumps(doc)}\n\n".encode())
+        self.wfile.flush()
+
+    def _whole(self, entries: list[dict[str, Any]]) -> None:
+        message = {"role": "assistant", "content": "".join(item["token"] for item in entries)}
+        choice = {"index": 0, "message": message, "logprobs": {"content": entries}, "finish_reason": "length"}
+        self._json(200, {"id": "chatcmpl-drift", "object": "chat.completion", "model": MODEL, "choices": [choice],
+                         "usage": {"prompt_tokens": 5, "completion_tokens": len(entries),
+                                   "total_tokens": 5 + len(entries)}})
+
+
+class DriftServer(ThreadingHTTPServer):
+    """On 127.0.0.1 (port 0: a free one), served from a thread; a `with` block starts and stops it."""
+
+    daemon_threads = True
+
+    def __init__(self, log_path: Path, drift: float = 1e-3, window_s: float = 0.05,
+                 token_delay_s: float = 0.002) -> None:
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.batcher = Batcher(log_path)
+        self.drift, self.window_s, self.token_delay_s = drift, window_s, token_delay_s
+        self._thread = threading.Thread(target=self.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def __enter__(self) -> "DriftServer":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+        self.server_close()
+        self._thread.join(timeout=10)
