@@ -89,8 +89,19 @@ def sample(client: openai.OpenAI, model: str, seed: int) -> Rollouts:
         model=model, messages=[{"role": "user", "content": PROMPT}], n=NUM_SAMPLES, temperature=1.0, seed=seed,
         max_tokens=MAX_TOKENS, logprobs=True, extra_body={"return_token_ids": True})
     choices = reply.choices
-    return (reply.prompt_token_ids, [c.token_ids for c in choices],
-            [[entry.logprob for entry in c.logprobs.content] for c in choices], [c.message.content for c in choices])
+    return (reply.prompt_token_ids, [c.token_ids for c in choices], [reply_logprobs(c) for c in choices],
+            [c.message.content for c in choices])
+
+
+def reply_logprobs(choice) -> list[float]:
+    """One logprob per id in `token_ids`: the text's entries, then the end-of-turn token's where it
+    ended the reply (its entry rides on `end_token`; its id ends `token_ids`), so the trainer also
+    learns the decision to stop."""
+    logprobs = [entry.logprob for entry in choice.logprobs.content]
+    end = getattr(choice, "end_token", None)
+    if end is not None:
+        logprobs.append(end["logprob"])
+    return logprobs
 
 
 def rescore(client: openai.OpenAI, model: str, prompt_ids: list[int], token_ids: list[list[int]]) -> list[list[float]]:

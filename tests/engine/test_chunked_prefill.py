@@ -68,6 +68,7 @@ def test_a_long_prompt_interleaves_with_decoding_and_keeps_its_bits(engine, monk
 class _Prompt:
     def __init__(self, length: int, computed: int = 0) -> None:
         self.prompt_ids, self.num_computed = [0] * length, computed
+        self.prefill_len = length  # what prefill feeds (a refill after a keep-mode swap feeds more)
 
 
 def test_the_budget_goes_half_to_the_oldest_then_to_the_shortest() -> None:

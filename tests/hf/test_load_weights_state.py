@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from batchproof.engine.async_engine import _Add, _Swap
+from batchproof.engine.inbox import Add, Swap
 from batchproof.engine.model.hf.checkpoint import checkpoint_sha256
 from batchproof.engine.model.ops import kernels
 from tests.helpers.http import wait_until
@@ -78,7 +78,7 @@ def test_a_request_arriving_while_the_swap_drains_runs_on_the_new_weights(checkp
 
         def step_until_a_request_follows_the_swap():
             if not followed.is_set() and any(seq.output_ids for seq in engine.scheduler.running):
-                assert wait_until(lambda: _queued(backend, _Add), timeout=HANG_GUARD_S)
+                assert wait_until(lambda: _queued(backend, Add), timeout=HANG_GUARD_S)
                 followed.set()
             return step()
 
@@ -89,7 +89,7 @@ def test_a_request_arriving_while_the_swap_drains_runs_on_the_new_weights(checkp
         swapped: list[dict] = []
         swapping = threading.Thread(target=lambda: swapped.append(_swap(live.url, new)), daemon=True)
         swapping.start()
-        assert wait_until(lambda: _queued(backend, _Swap), timeout=HANG_GUARD_S)
+        assert wait_until(lambda: _queued(backend, Swap), timeout=HANG_GUARD_S)
         assert backend.num_running == 1  # the stream has not ended
         held = reply(live.url, "the hell and")  # queued behind the swap: held until the stream ends
         swapping.join(HANG_GUARD_S)

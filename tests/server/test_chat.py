@@ -311,6 +311,11 @@ def test_a_reply_that_ends_at_once_has_no_entries(server) -> None:
     assert choice["logprobs"] == {"content": []} and reply["usage"]["completion_tokens"] == 0
     _, _, events = stream(server.url, CHAT, body)
     finish_chunk = events[-2]["choices"][0]
+    # The end token's entry rides beside the (empty) logprobs, as on the whole reply (docs/rl-rollouts.md).
+    assert finish_chunk.pop("end_token") == {**choice["end_token"], "token_id": eos_id}
+    # The weights that chose it (docs/weight-versions.md): the end token is the reply's token 0.
+    assert finish_chunk.pop("weight_version_spans") == choice["weight_version_spans"] == [
+        {"start": 0, "end": 1, "version": finish_chunk.pop("weight_version")}]
     assert finish_chunk == {"index": 0, "delta": {}, "finish_reason": "stop"}  # no logprobs key: nothing to release
     assert streamed_chat(events) == ("", [], "stop")
 

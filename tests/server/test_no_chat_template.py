@@ -47,3 +47,15 @@ def test_tokenizer_info_says_there_is_none(base_server) -> None:
     assert info.status_code == 200
     assert httpx.get(base_server.url + "/tokenizer_info").json()["chat_template"] is None
     assert "no chat template" in httpx.get(base_server.url + "/v1/server_info").json()["chat_template"]
+
+
+def test_token_in_chat_needs_no_template(base_server) -> None:
+    """The ids are the whole prompt (docs/rl-rollouts.md): nothing is rendered, so a model without
+    a template serves them on chat as completions serves them."""
+    body = {"messages": [], "prompt_token_ids": [1, 2, 3], "max_tokens": 3, "temperature": 0,
+            "return_token_ids": True}
+    reply = post(base_server.url, "/v1/chat/completions", body)
+    assert reply.status_code == 200, reply.text
+    plain = post(base_server.url, "/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 3, "temperature": 0,
+                                                      "return_token_ids": True}).json()
+    assert reply.json()["choices"][0]["token_ids"] == plain["choices"][0]["token_ids"]

@@ -10,10 +10,11 @@ import threading
 import time
 import traceback
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from batchproof.engine.engine import BatchSummary, Engine, PreparedWeights
+from batchproof.engine.engine import BatchSummary, Engine
+from batchproof.engine.inbox import ABORTED_BY_REQUEST, Abort, Add, Control, PauseMode, Swap, WeightSwap
 from batchproof.engine.sampling_params import SamplingParams
 from batchproof.engine.sequence import RequestOutput
 
@@ -31,38 +32,6 @@ class Opened:
 
     replica: str  # the id of the engine running it (a fleet's replies name it in a header)
     outputs: AsyncIterator[RequestOutput]
-
-
-@dataclass
-class _Add:
-    request_id: str
-    prompt_ids: list[int]
-    params: SamplingParams
-    sink: asyncio.Queue
-
-
-@dataclass
-class _Abort:
-    request_id: str
-
-
-@dataclass
-class _Swap:
-    """Install new weights once the requests admitted before this command have finished."""
-
-    prepared: PreparedWeights
-    done: asyncio.Future
-    queued_at: float = field(default_factory=time.perf_counter)
-
-
-@dataclass(frozen=True)
-class WeightSwap:
-    """What a load_weights took: reading and building the new weights (requests kept running),
-    then the wait for the requests admitted before it to finish, then the swap itself."""
-
-    load_s: float
-    drain_s: float
-    swap_s: float
 
 
 class _Deltas:
@@ -124,9 +93,13 @@ class AsyncEngine:
         self._num_taken = 0
         # A weight swap waiting for the engine to drain, and the requests that arrived after it
         # (engine thread only); the lock lets one load_weights read a checkpoint at a time.
-        self._swap: _Swap | None = None
-        self._held: list[_Add] = []
+        self._swap: Swap | None = None
+        self._held: list[Add] = []
         self._swap_lock: asyncio.Lock | None = None
+        # Paused (/pause): arrivals are held as for a swap; in keep mode no step runs. A pause in
+        # abort or wait mode is answered once the engine is idle (engine thread only).
+        self.pause_mode: PauseMode | None = None
+        self._pause_waiters: list[tuple[asyncio.Future, int]] = []  # (its answer, the requests it aborted)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -160,35 +133,68 @@ class AsyncEngine:
     def _queue(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> _Deltas:
         sink: asyncio.Queue = asyncio.Queue()
         self._num_put += 1
-        self._inbox.put(_Add(request_id, prompt_ids, params, sink))
-        return _Deltas(sink, lambda: self._inbox.put(_Abort(request_id)))
+        self._inbox.put(Add(request_id, prompt_ids, params, sink))
+        return _Deltas(sink, lambda: self._inbox.put(Abort(request_id)))
 
-    async def load_weights(self, path: Path) -> WeightSwap:
+    async def load_weights(self, path: Path, version: str | None = None, keep: bool = False) -> WeightSwap:
         """Replace the weights in place: read and build `path` on a worker thread while requests
         keep running, then swap as soon as every request admitted before the swap has finished
-        (on the old weights); requests arriving meanwhile wait and run on the new ones. A
-        checkpoint that cannot replace these weights raises ModelLoadError and nothing changes."""
+        (on the old weights); requests arriving meanwhile wait and run on the new ones. With
+        `keep`, or while paused in keep mode, the swap happens at once, mid-generation (see
+        Swap). The new weights are labelled `version` (default: their hash's). A checkpoint that
+        cannot replace these weights raises ModelLoadError and nothing changes."""
         if self._swap_lock is None:
             self._swap_lock = asyncio.Lock()
         async with self._swap_lock:
             prepared = await asyncio.to_thread(self.engine.prepare_weights, path)
             done = asyncio.get_running_loop().create_future()
-            self._inbox.put(_Swap(prepared, done))
-            drain_s, swap_s = await done
-        return WeightSwap(prepared.load_s, drain_s, swap_s)
+            self._inbox.put(Swap(prepared, version, keep, done))
+            drain_s, swap_s, mode, num_refilled = await done
+        return WeightSwap(prepared.load_s, drain_s, swap_s, mode, num_refilled)
+
+    async def pause(self, mode: PauseMode) -> int:
+        """Stop admitting (arrivals wait for /resume) and deal with the requests in flight as
+        `mode` says; answered once that is done -> how many requests were aborted."""
+        return await self._command("pause", mode=mode)
+
+    async def resume(self) -> int:
+        """Step again and admit what arrived while paused -> how many requests that admitted."""
+        return await self._command("resume")
+
+    async def abort_requests(self, request_ids: list[str] | None) -> int:
+        """End these requests (a reply's id ends every choice of it; None: every request in
+        flight) with finish_reason "abort", paused or not -> how many."""
+        return await self._command("abort", request_ids=None if request_ids is None else frozenset(request_ids))
+
+    async def _command(self, action: str, **fields) -> int:
+        done = asyncio.get_running_loop().create_future()
+        self._inbox.put(Control(action, done, **fields))
+        return await done
+
+    @property
+    def is_paused(self) -> bool:
+        return self.pause_mode is not None
+
+    def weight_info(self) -> dict:
+        """The version served now (vLLM's /weight_info), and what it names."""
+        engine = self.engine
+        return {"weight_version": engine.weight_version, "model_sha256": engine.model_sha256,
+                "model_path": str(engine.model_path), "loaded_at": engine.weights_loaded_at,
+                "is_paused": self.is_paused, "pause_mode": self.pause_mode}
 
     # --- the engine thread ---------------------------------------------------------------
 
     def _run(self) -> None:
         try:
             while not self._stopping.is_set():
-                if self._swap is not None and not self.engine.has_work():
-                    self._install_swap()
-                if not self.engine.has_work():
-                    if not self._take(block=True):
-                        continue
-                    self._gather()
+                self._between_steps()
+                if not self._can_step():
+                    if self._take(block=True) and self._can_step():
+                        self._gather()
+                    continue
                 self._take(block=False)
+                if not self._can_step():  # (a keep-mode pause just arrived)
+                    continue
                 self._deliver(self._step())
                 summary = self.engine.take_batch_summary()
                 if summary is not None:
@@ -221,6 +227,18 @@ class AsyncEngine:
         self._consecutive_faults = 0
         return outputs
 
+    def _can_step(self) -> bool:
+        return self.engine.has_work() and self.pause_mode != "keep"
+
+    def _between_steps(self) -> None:
+        """A swap that may go in now goes in; pauses waiting for the engine to go idle are answered."""
+        if self._swap is not None and (self._swap.keep or self.pause_mode == "keep" or not self.engine.has_work()):
+            self._install_swap()
+        if self._pause_waiters and not self.engine.has_work():
+            waiters, self._pause_waiters = self._pause_waiters, []
+            for done, num_aborted in waiters:
+                self._loop.call_soon_threadsafe(_settle, done, num_aborted)
+
     def _take(self, block: bool, timeout: float | None = None) -> bool:
         """Apply inbox commands; True if a request arrived."""
         arrived = False
@@ -232,18 +250,72 @@ class AsyncEngine:
             block = False
             if command is None:
                 return arrived
-            if isinstance(command, _Swap):
+            if isinstance(command, Swap):
                 self._swap = command
-            elif isinstance(command, _Add) and self._swap is not None:
-                self._held.append(command)  # runs on the new weights
-            elif isinstance(command, _Add):
+            elif isinstance(command, Control):
+                arrived = self._control(command) or arrived
+            elif isinstance(command, Add) and (self._swap is not None or self.pause_mode is not None):
+                self._held.append(command)  # runs on the new weights, or after /resume
+            elif isinstance(command, Add):
                 arrived = self._admit(command) or arrived
             elif command.request_id in self._sinks:
                 self.engine.abort(command.request_id)
-            else:  # its reader left while it was held for a swap
-                self._held = [held for held in self._held if held.request_id != command.request_id]
+            else:  # its reader left while it was held for a swap or a pause
+                self._drop_held({command.request_id})
 
-    def _admit(self, command: _Add) -> bool:
+    def _control(self, command: Control) -> bool:
+        """Apply /pause, /resume or /abort_requests; True if requests were admitted (a resume)."""
+        if command.action == "resume":
+            self.pause_mode = None
+            admitted = self._admit_held() if self._swap is None else 0
+            self._loop.call_soon_threadsafe(_settle, command.done, admitted)
+            return admitted > 0
+        if command.action == "pause":
+            self.pause_mode = command.mode
+        num_aborted = self._abort(command.request_ids) if command.action == "abort" or command.mode == "abort" else 0
+        if command.action == "pause" and command.mode != "keep":
+            self._pause_waiters.append((command.done, num_aborted))  # answered once idle
+        else:
+            self._loop.call_soon_threadsafe(_settle, command.done, num_aborted)
+        return False
+
+    def _abort(self, request_ids: frozenset[str] | None) -> int:
+        """Abort the matching requests, held or in the engine; those in the engine are retired
+        at once, so their replies end even while no step runs (paused in keep mode)."""
+        def matches(request_id: str) -> bool:
+            # A choice's id is its reply's id and "-index"; a Responses reply spells it "resp_<hex>".
+            reply_id = request_id.rpartition("-")[0]
+            return (request_ids is None or request_id in request_ids or reply_id in request_ids
+                    or reply_id.replace("-", "_", 1) in request_ids)
+
+        running = [request_id for request_id in self._sinks if matches(request_id)]
+        for request_id in running:
+            self.engine.abort(request_id)
+        held = {command.request_id for command in self._held if matches(command.request_id)}
+        self._drop_held(held, aborted=True)
+        reaped = self.engine.reap()
+        for out in reaped:  # a reply that ends with finish_reason "abort", not a timeout's 504
+            out.error_code = ABORTED_BY_REQUEST
+        self._deliver(reaped)
+        return len(running) + len(held)
+
+    def _drop_held(self, request_ids: set[str], aborted: bool = False) -> None:
+        """Held requests that will never run: their reader left, or (aborted) they end with "abort"."""
+        dropped = [held for held in self._held if held.request_id in request_ids]
+        self._held = [held for held in self._held if held.request_id not in request_ids]
+        self._num_taken += len(dropped)  # no longer waiting
+        if aborted and dropped:
+            version = self.engine.weight_version
+            ended = [(held.sink, RequestOutput(held.request_id, "", [], len(held.prompt_ids), 0, finish_reason="abort",
+                                               error_code=ABORTED_BY_REQUEST, weight_version=version))
+                     for held in dropped]
+            self._loop.call_soon_threadsafe(_put_all, ended)
+
+    def _admit_held(self) -> int:
+        held, self._held = self._held, []
+        return sum(self._admit(command) for command in held)
+
+    def _admit(self, command: Add) -> bool:
         """Hand a request to the engine (False: refused, its error delivered)."""
         self._num_taken += 1
         try:
@@ -257,19 +329,21 @@ class AsyncEngine:
         return True
 
     def _install_swap(self) -> None:
-        """The engine is idle: swap, answer load_weights, then admit the requests held meanwhile."""
+        """The engine is idle (or the swap keeps what runs): swap, answer load_weights, then
+        admit the requests held meanwhile, unless paused."""
         swap, self._swap = self._swap, None
+        keep = swap.keep or self.pause_mode == "keep"
         started = time.perf_counter()
         try:
-            self.engine.install_weights(swap.prepared)
+            num_refilled = self.engine.install_weights(swap.prepared, swap.version, keep=keep)
         except Exception as e:  # a bug: load_weights fails, the old weights keep serving
             self._loop.call_soon_threadsafe(_settle, swap.done, e)
         else:
-            result = (started - swap.queued_at, time.perf_counter() - started)
+            result = (started - swap.queued_at, time.perf_counter() - started, "keep" if keep else "drain",
+                      num_refilled)
             self._loop.call_soon_threadsafe(_settle, swap.done, result)
-        held, self._held = self._held, []
-        for command in held:
-            self._admit(command)
+        if self.pause_mode is None:
+            self._admit_held()
 
     def _gather(self) -> None:
         """An idle engine waits for the rest of a burst: until batch_window passes with no arrival."""
@@ -297,6 +371,8 @@ class AsyncEngine:
         self._held.clear()
         if self._swap is not None and self._loop is not None:
             self._loop.call_soon_threadsafe(_settle, self._swap.done, RuntimeError(message))
+        for done, _ in self._pause_waiters if self._loop is not None else []:
+            self._loop.call_soon_threadsafe(_settle, done, RuntimeError(message))
         if ready and self._loop is not None:
             self._loop.call_soon_threadsafe(_put_all, ready)
 

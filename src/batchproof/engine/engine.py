@@ -33,6 +33,7 @@ from batchproof.engine.speculative.propose import propose
 from batchproof.engine.speculative.verify import verify
 from batchproof.engine.text.text_stream import TextStream
 from batchproof.engine.text.tokenizer import Tokenizer
+from batchproof.engine.weight_versions import default_version, label, refeed
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PREFIX_BLOCK_TOKENS = 16  # vLLM's default block: fine enough that a shared system prompt loses < 16 tokens
@@ -104,6 +105,9 @@ class Engine:
         kv = KVCache(s.num_layers, config.max_batch, s.num_kv_heads, self.max_model_len, s.head_dim,
                      self.device, self.dtype)
         self.model_sha256 = source.sha256()
+        # The label each reply's tokens carry (docs/weight-versions.md); load_weights sets it.
+        self.weight_version = default_version(self.model_sha256)
+        self.weights_loaded_at = time.time()
         # The one owner of the slots and the prefix cache: the scheduler takes and gives back
         # slots through it, the runner asks it around each prompt's prefill.
         self.caches = CacheManager(kv, self._prefix_cache())
@@ -145,17 +149,24 @@ class Engine:
             sha256 = files_sha256()
         return PreparedWeights(path, sha256, model, time.perf_counter() - started)
 
-    def install_weights(self, prepared: "PreparedWeights") -> None:
-        """Serve `prepared` from the next step on. Only between requests (the async engine
-        drains first): a sequence's keys would otherwise mix two models. The prefix cache is
-        emptied with it (a new cache: its identity names the new weights)."""
-        if self.has_work():
+    def install_weights(self, prepared: "PreparedWeights", version: str | None = None, keep: bool = False) -> int:
+        """Serve `prepared` from the next step on, labelled `version` (default: its hash's).
+        Between requests (the async engine drains first), or with `keep` mid-generation: every
+        sequence then feeds its whole prefix again under the new weights before its next token,
+        so no sequence's keys mix two models. The prefix cache is emptied with it (a new cache:
+        its identity names the new weights). -> how many sequences compute their prefix again."""
+        if self.has_work() and not keep:
             raise RuntimeError("weights are replaced only while no sequence runs or waits")
         # The old model lives until this returns, so the fused kernel's description, keyed by
         # the model's id, cannot be mistaken for the new one's.
         self.model = self.runner.model = prepared.model
         self.model_path, self.model_sha256 = prepared.path, prepared.sha256
+        self.weight_version = version or default_version(prepared.sha256)
+        self.weights_loaded_at = time.time()
         self.caches.prefix_cache = self._prefix_cache()
+        # Ended ones still holding a slot too: their old keys must not reach the new cache.
+        live = {id(s): s for s in [*self.scheduler.running, *self._sequences.values()]}.values()
+        return sum(refeed(seq, self.weight_version) for seq in live)
 
     @property
     def prefix_cache(self) -> PrefixCache | None:
@@ -187,6 +198,7 @@ class Engine:
             seq.drafter = Drafter(seq.prompt_ids, self.config.max_draft_tokens)
         if params.constraint is not None and params.max_tokens:  # (scoring alone chooses no token)
             seq.grammar = GrammarState(self.tokenizer, params.constraint.grammar)
+        seq.weight_versions = [(0, self.weight_version)]
         self._sequences[request_id] = seq
         self.scheduler.add(seq)
 
@@ -212,6 +224,11 @@ class Engine:
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
+
+    def reap(self) -> list[RequestOutput]:
+        """The aborted requests' last outputs now, without a step (none runs while paused in
+        keep mode); their slots are given back as a step's schedule would."""
+        return self._forget_finished(self.outputs.retired(self.scheduler.retire()))
 
     @property
     def num_waiting(self) -> int:
@@ -262,8 +279,12 @@ class Engine:
         return self._forget_finished([self.outputs.fail(seq, message) for seq in failed])
 
     def _forget_finished(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
-        """The one place a live request leaves `_sequences`: its final output (a finish_reason)."""
+        """The one place a live request leaves `_sequences`: its final output (a finish_reason).
+        Every output passes here, and is stamped with the weight versions of its tokens."""
         for out in outputs:
+            seq = self._sequences.get(out.request_id)
+            if seq is not None:
+                label(out, seq)
             if out.finish_reason is not None:
                 self._sequences.pop(out.request_id, None)
                 if out.num_draft_tokens:

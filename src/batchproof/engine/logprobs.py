@@ -29,6 +29,10 @@ class TokenRecord:
     token_id: int
     logprob: float
     top: tuple[TopEntry, ...]
+    # Asked for only (None otherwise): the logprob of all the mass outside `top` (tail_logprobs),
+    # and the logprobs of the tokens a teacher named for this row, in its order (-inf for -1).
+    tail: float | None = None
+    named: tuple[float, ...] | None = None
 
     @property
     def top2_margin(self) -> float | None:
@@ -60,6 +64,10 @@ class Normalizer:
     @classmethod
     def from_parts(cls, logits: torch.Tensor, row_max: torch.Tensor, log_total: torch.Tensor) -> "Normalizer":
         return cls(logits, row_max, _shift(row_max), log_total)
+
+    def rows(self, rows: list[int]) -> "Normalizer":
+        """The normaliser of these rows only."""
+        return Normalizer(self.logits[rows], self.row_max[rows], self.shift[rows], self.log_total[rows])
 
     def logprobs(self, token_ids: torch.Tensor) -> torch.Tensor:
         """[B, k] ids -> [B, k] logprobs."""
@@ -171,6 +179,39 @@ def _top_k_exact(norm: Normalizer, clean: torch.Tensor, nan: torch.Tensor, k: in
     return TopK(ids, values[take], norm.logprobs(ids), counts)
 
 
+def tail_logprobs(norm: Normalizer, top_ids: torch.Tensor, num_shown: torch.Tensor) -> torch.Tensor:
+    """Per row, the logprob of the mass outside its first num_shown[r] top ids: [B] (-inf when
+    they hold it all). Summed, not `1 - sum(top)`: next to a top of 0.9999 that subtraction
+    keeps about three digits, this sum all of them. Its terms are the normaliser's, the shown
+    ones zeroed, added in the normaliser's fixed order (chunks, then chunk totals), so a row's
+    tail has the same bits alone or batched; it shares the entries' log_total."""
+    exps = (_terms(norm.logits, norm.row_max) - norm.shift).exp()  # [B, V]
+    k = top_ids.shape[-1]
+    if k:
+        shown = (torch.arange(k)[None, :] < num_shown[:, None]).int()  # [B, k]
+        # Counted, not scattered as flags: a row with fewer than k candidates repeats an id past
+        # its count, and two writes to one place would race.
+        hits = torch.zeros_like(exps, dtype=torch.int32).scatter_add(-1, top_ids, shown)
+        exps = torch.where(hits > 0, 0.0, exps)
+    pad = -exps.shape[-1] % NORMALIZER_CHUNK
+    if pad:
+        exps = torch.nn.functional.pad(exps, (0, pad))
+    outside = exps.unflatten(-1, (-1, NORMALIZER_CHUNK)).sum(-1).sum(-1)  # [B]
+    # Nothing shown: the whole mass, logprob 0 exactly (not this sum's rounding against log_total).
+    return torch.where(num_shown == 0, 0.0, outside.log() - norm.log_total.squeeze(-1))
+
+
+def named_logprobs(norm: Normalizer, named_ids: list[tuple[int, ...]]) -> list[tuple[float, ...]]:
+    """Each row's logprobs of the ids a caller named for it (vLLM's prompt_logprob_token_ids),
+    in their order; -1 pads a short row and scores -inf, as vLLM's."""
+    width = max(map(len, named_ids), default=0)
+    if width == 0:
+        return [() for _ in named_ids]
+    ids = torch.tensor([list(row) + [-1] * (width - len(row)) for row in named_ids], dtype=torch.int64)
+    values = torch.where(ids < 0, float("-inf"), norm.logprobs(ids.clamp(min=0))).tolist()
+    return [tuple(values[r][:len(row)]) for r, row in enumerate(named_ids)]
+
+
 def chosen_logprobs(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
     """[B, V] logits and [B] chosen ids -> [B] logprobs of the chosen tokens."""
     return normalizer(logits).logprobs(token_ids[:, None]).squeeze(-1)
@@ -180,17 +221,30 @@ NormalizerAndTopK = Callable[[torch.Tensor, int], tuple[Normalizer, TopK]]
 
 
 def build_records(logits: torch.Tensor, token_ids: list[int], top_ns: list[int], steps: list[int],
-                  backend: NormalizerAndTopK = normalizer_and_top_k) -> list[TokenRecord]:
+                  backend: NormalizerAndTopK = normalizer_and_top_k, with_tails: list[bool] | None = None,
+                  named_ids: list[tuple[int, ...] | None] | None = None) -> list[TokenRecord]:
     """One record per row: the chosen token and the row's own top-N, from the same logits
-    (`backend`: these torch formulas, or the engine's ops' one-pass kernel)."""
+    (`backend`: these torch formulas, or the engine's ops' one-pass kernel); where asked, the
+    row's tail (with_tails[r]) and its named tokens' logprobs (named_ids[r])."""
     norm, top = backend(logits, max(top_ns, default=0))
     chosen = norm.logprobs(torch.tensor(token_ids, dtype=torch.int64)[:, None]).squeeze(-1).tolist()
     ids, top_logits, top_logprobs = top.ids.tolist(), top.logits.tolist(), top.logprobs.tolist()
     counts = top.counts.tolist()
+    shown = [min(n, c) for n, c in zip(top_ns, counts)]
+    tails: list[float | None] = [None] * len(token_ids)
+    if with_tails is not None and any(with_tails):
+        rows = [r for r, wanted in enumerate(with_tails) if wanted]
+        values = tail_logprobs(norm.rows(rows), top.ids[rows], torch.tensor([shown[r] for r in rows])).tolist()
+        for r, value in zip(rows, values):
+            tails[r] = value
+    named: list[tuple[float, ...] | None] = [None] * len(token_ids)
+    if named_ids is not None and any(row is not None for row in named_ids):
+        rows = [r for r, row in enumerate(named_ids) if row is not None]
+        for r, values in zip(rows, named_logprobs(norm.rows(rows), [named_ids[r] for r in rows])):
+            named[r] = values
     records = []
-    for r, (token_id, n, step) in enumerate(zip(token_ids, top_ns, steps)):
-        entries = tuple(
-            TopEntry(ids[r][j], top_logits[r][j], top_logprobs[r][j]) for j in range(min(n, counts[r]))
-        )
-        records.append(TokenRecord(step=step, token_id=token_id, logprob=chosen[r], top=entries))
+    for r, (token_id, step) in enumerate(zip(token_ids, steps)):
+        entries = tuple(TopEntry(ids[r][j], top_logits[r][j], top_logprobs[r][j]) for j in range(shown[r]))
+        records.append(TokenRecord(step=step, token_id=token_id, logprob=chosen[r], top=entries,
+                                   tail=tails[r], named=named[r]))
     return records

@@ -88,6 +88,7 @@ class OutputProcessor:
                 [seqs[i].params.top_logprobs for i in wanted],
                 [len(seqs[i].output_ids) for i in wanted],
                 self.records_backend,
+                [seqs[i].params.tail_logprobs for i in wanted],
             )
             for i, record in zip(wanted, records):
                 if record.logprob != record.logprob:  # NaN: the normaliser saw no finite logit
@@ -167,6 +168,8 @@ class OutputProcessor:
             elif choice.token_id in self.end_ids:  # the end of the turn is not part of the reply
                 seq.finish_reason = "stop"
                 out = self._finish(seq, TextDelta())
+                # ...but it was chosen like any token: its id and record travel beside the reply.
+                out.end_token_id, out.end_record = choice.token_id, choice.record
             else:
                 try:
                     if seq.grammar is not None:

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from batchproof.engine.cache.manager import CacheManager
+from batchproof.engine.cache.manager import CacheManager, Reused
 from batchproof.engine.logprobs import TokenRecord, build_records
 from batchproof.engine.model.transformer import Segment, Transformer
 from batchproof.engine.sequence import PrefillProgress, Sequence
@@ -48,26 +48,28 @@ class ModelRunner:
         spans = [self._span(seq, wanted) for seq, wanted in zip(seqs, num_tokens)]
         for group in [spans] if self.model.ops.batches_prefill else [[span] for span in spans]:
             self._feed(group)
-        return self._finish([span.seq for span in spans if span.seq.num_computed == len(span.seq.prompt_ids)])
+        return self._finish([span.seq for span in spans if span.seq.num_computed == span.seq.prefill_len])
 
     def _span(self, seq: Sequence, wanted: int) -> Span:
         if seq.prefill is None:
             self._start_prefill(seq)
-        start, end, size = seq.num_computed, len(seq.prompt_ids), self.max_prefill_tokens
+        start, end, size = seq.num_computed, seq.prefill_len, self.max_prefill_tokens
         if self.model.ops.reuses_prefixes:
             return Span(seq, min(end, start + wanted))
         return Span(seq, min(end, (start // size + 1) * size))  # the rest of this grid chunk
 
     def _start_prefill(self, seq: Sequence) -> None:
-        """Its opening blocks from the prefix cache (and their prompt records, when it scores)."""
-        reused = self.caches.reuse(seq)
+        """Its opening blocks from the prefix cache (and their prompt records, when it scores).
+        A refill (a keep-mode weight swap) computes every position afresh and scores nothing: its
+        prompt was scored, if asked, under the weights that chose its first token."""
+        reused = Reused() if seq.is_refilling else self.caches.reuse(seq)
         scored: list = [None, *reused.records]  # nothing predicts a first token
         size = self.max_prefill_tokens
         for start, rows in reused.unscored:
             for at in range(0, len(rows), size):
                 scored += self._score(seq, start + at, rows[at:at + size])
         seq.num_computed = reused.num_tokens
-        ids = torch.tensor(seq.prompt_ids, dtype=torch.int64, device=self.device)
+        ids = torch.tensor(seq.prefill_ids, dtype=torch.int64, device=self.device)
         seq.prefill = PrefillProgress(reused.num_tokens, ids, [], scored)
 
     def _feed(self, group: list[Span]) -> None:
@@ -79,7 +81,7 @@ class ModelRunner:
             hidden = self.model.prefill(segments, self.caches.kv)
             for (seq, at, n), rows in zip(active, hidden.split([n for _, _, n in active])):
                 seq.prefill.computed.append(rows)
-                if seq.params.prompt_logprobs is not None:
+                if seq.params.prompt_logprobs is not None and not seq.is_refilling:
                     seq.prefill.scored += self._score(seq, at, rows)
                 seq.num_computed = at + n
 
@@ -94,6 +96,10 @@ class ModelRunner:
         results = []
         for seq, logits in zip(finished, last_logits):
             progress, seq.prefill = seq.prefill, None
+            if seq.is_refilling:  # its logits choose its next token; its blocks go to the cache as it leaves
+                seq.is_refilling = False
+                results.append((seq, logits, None))
+                continue
             self.caches.keep_prompt(seq, progress.begin, progress.computed, progress.scored)
             results.append((seq, logits, progress.scored if seq.params.prompt_logprobs is not None else None))
         return results
@@ -101,9 +107,11 @@ class ModelRunner:
     def _score(self, seq: Sequence, start: int, rows: torch.Tensor) -> list[TokenRecord]:
         targets = seq.prompt_ids[start + 1:start + 1 + len(rows)]  # row i predicts token start + i + 1
         logits = self.model.logits(rows[:len(targets)]).cpu()
-        top_n = seq.params.prompt_logprobs
+        params = seq.params
         steps = list(range(start + 1, start + 1 + len(targets)))
-        return build_records(logits, targets, [top_n] * len(targets), steps, self.model.ops.normalizer_and_top_k)
+        return build_records(logits, targets, [params.prompt_logprobs] * len(targets), steps,
+                             self.model.ops.normalizer_and_top_k, [params.tail_logprobs] * len(targets),
+                             [params.named_ids_at(step) for step in steps])
 
     def decode(self, seqs: list[Sequence], drafts: list[list[int]] | None = None) -> torch.Tensor:
         """The next token of each sequence, all in one forward pass -> logits [rows, V]: one row per

@@ -40,6 +40,13 @@ class SamplingParams:
     top_logprobs: int | None = None
     # None: no prompt scoring; N: each prompt token's logprob and the top N before it.
     prompt_logprobs: int | None = None
+    # vLLM's teacher scoring (needs prompt_logprobs): row i names the ids whose logprobs the
+    # logits of position prompt_logprob_start + i give (they predict token start + i + 1); -1
+    # pads a short row. One row per position from the start to the prompt's second-to-last.
+    prompt_logprob_token_ids: tuple[tuple[int, ...], ...] | None = None
+    prompt_logprob_start: int = 0
+    # Each record also carries the logprob of the mass outside its top-N (TokenRecord.tail).
+    tail_logprobs: bool = False
     # Which distribution the records describe: "raw" (after penalties and logit_bias, before the
     # bans, temperature and truncation) or "processed" (the one the token was chosen from).
     # Prompt records are always raw: no choice was made there.
@@ -79,7 +86,13 @@ class SamplingParams:
                f"top_logprobs must be >= 0, got {self.top_logprobs}")
         _check(self.prompt_logprobs is None or 0 <= self.prompt_logprobs, "prompt_logprobs",
                f"prompt_logprobs must be >= 0, got {self.prompt_logprobs}")
-
+        _check(self.prompt_logprob_token_ids is None or self.prompt_logprobs is not None, "prompt_logprob_token_ids",
+               "prompt_logprob_token_ids needs prompt_logprobs (0 or more): the rows are prompt scoring's")
+        _check(self.prompt_logprob_start >= 0, "prompt_logprob_start",
+               f"prompt_logprob_start must be >= 0, got {self.prompt_logprob_start}")
+        _check(self.prompt_logprob_token_ids is None or all(t >= -1 for row in self.prompt_logprob_token_ids
+                                                            for t in row),
+               "prompt_logprob_token_ids", "prompt_logprob_token_ids are token ids, or -1 to pad a row")
         _check(self.logprobs_mode in ("raw", "processed"), "logprobs_mode",
                f"logprobs_mode must be 'raw' or 'processed', got {self.logprobs_mode!r}")
 
@@ -87,6 +100,19 @@ class SamplingParams:
     def is_greedy(self) -> bool:
         # As vLLM reads it: below this, dividing by the temperature only overflows.
         return self.temperature < GREEDY_BELOW
+
+    @property
+    def reuses_prompt_records(self) -> bool:
+        """Whether cached prompt records serve this request: not when it wants what they did
+        not keep (a tail, named tokens), which its rows are scored afresh for."""
+        return self.prompt_logprob_token_ids is None and not self.tail_logprobs
+
+    def named_ids_at(self, step: int) -> tuple[int, ...] | None:
+        """The ids named for the row whose target is prompt position `step`, if any."""
+        if self.prompt_logprob_token_ids is None:
+            return None
+        row = step - 1 - self.prompt_logprob_start
+        return self.prompt_logprob_token_ids[row] if 0 <= row < len(self.prompt_logprob_token_ids) else None
 
     @property
     def has_penalties(self) -> bool:

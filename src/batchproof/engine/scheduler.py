@@ -36,7 +36,7 @@ class Scheduler:
     def schedule(self) -> ScheduledStep:
         """A prefill step or a decode step: while both have work they alternate, so a prompt
         however long delays each running stream by one short prefill step per token."""
-        retired = self._retire()
+        retired = self.retire()
         self._admit()
         self.caches.make_room(self.running)  # cached blocks make way for the running sequences
         prefilling = [s for s in self.running if s.is_prefilling]
@@ -55,7 +55,9 @@ class Scheduler:
         elif step.prefill:
             self.pacer.observe_prefill(sum(step.prefill_tokens), seconds)
 
-    def _retire(self) -> list[Sequence]:
+    def retire(self) -> list[Sequence]:
+        """The aborted and finished leave: running ones give their slots back."""
+
         retired = [s for s in self.running if s.is_aborted or s.status is Status.FINISHED]
         for seq in retired:
             self.caches.free_slot(seq)
@@ -80,7 +82,7 @@ def allot_prefill(prefilling: list[Sequence], budget: int) -> tuple[list[Sequenc
     prompts this step feeds and how many tokens of each. The oldest gets up to half of it, so
     it always advances; the rest goes to the shortest remaining prompts first, so a short
     newcomer is not queued behind a long prompt's whole prefill; what is left, to the oldest."""
-    remaining = [len(s.prompt_ids) - s.num_computed for s in prefilling]
+    remaining = [s.prefill_len - s.num_computed for s in prefilling]
     tokens = [0] * len(prefilling)
     tokens[0] = min(remaining[0], budget if len(prefilling) == 1 else max(1, budget // 2))
     left = budget - tokens[0]

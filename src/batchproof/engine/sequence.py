@@ -43,6 +43,25 @@ class RequestOutput:
     # Speculative decoding, so far: tokens drafted for this request, and of those, emitted.
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    # The end-of-turn/EOS token that ended the reply (finish_reason "stop" without a stop string),
+    # on the last delta: no part of the text, its record (with logprobs) kept so a trainer can
+    # train on the decision to stop. Not counted in num_output_tokens nor num_kept_tokens.
+    end_token_id: int | None = None
+    end_record: TokenRecord | None = None
+    # Which weights chose the tokens (docs/weight-versions.md): the version that chose this
+    # delta's last token (with none: the version serving when it was made), and the versions of
+    # its token_ids as spans indexed over the reply's tokens, so a stream's spans join end to end.
+    weight_version: str = ""
+    weight_version_spans: list["VersionSpan"] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class VersionSpan:
+    """Reply tokens start..end-1 (end excluded) were chosen by the weights labelled `version`."""
+
+    start: int
+    end: int
+    version: str
 
 
 @dataclass
@@ -78,6 +97,13 @@ class Sequence:
     logit_bias: torch.Tensor | None = None  # params.logit_bias as one row [V] (sampler.logit_bias_row)
     grammar: GrammarState | None = None  # under a constraint: its matcher and next mask
     drafter: Drafter | None = None  # its speculative drafts (None: speculation off)
+    # After a keep-mode weight swap (docs/weight-versions.md): the prompt and the reply so far are
+    # prefilled again under the new weights before it goes on, so no key mixes two models.
+    is_refilling: bool = False
+    # (index of the first output token a version chose, that version), in order; and how many
+    # output tokens its deltas have released, where the next delta's spans begin.
+    weight_versions: list[tuple[int, str]] = field(default_factory=list)
+    num_released: int = 0
 
     def __post_init__(self) -> None:
         self.seen_ids = set(self.prompt_ids)
@@ -88,9 +114,18 @@ class Sequence:
         return len(self.prompt_ids) + len(self.output_ids)
 
     @property
+    def prefill_ids(self) -> list[int]:
+        """What prefill feeds: the prompt, or while refilling the prompt and the reply so far."""
+        return self.prompt_ids + self.output_ids if self.is_refilling else self.prompt_ids
+
+    @property
+    def prefill_len(self) -> int:
+        return len(self.prompt_ids) + (len(self.output_ids) if self.is_refilling else 0)
+
+    @property
     def is_prefilling(self) -> bool:
-        """Running, and its prompt not yet fed whole (its first token not yet chosen)."""
-        return self.num_computed < len(self.prompt_ids)
+        """Running, and its prompt (or, refilling, its prompt and reply) not yet fed whole."""
+        return self.num_computed < self.prefill_len
 
     @property
     def wants_records(self) -> bool:

@@ -1,13 +1,15 @@
 """The small routes: models, health, metrics, tokenize, detokenize, server_info, load_weights, and 501s."""
 
 import time
+from typing import Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictStr
 from starlette.concurrency import run_in_threadpool
 
 from batchproof.engine.model.errors import ModelLoadError
+from batchproof.server import control
 from batchproof.server.auth import tenant
 from batchproof.server.chat.messages import render_chat
 from batchproof.server.errors import APIError
@@ -18,6 +20,7 @@ from batchproof.server.state import ServerState, parse_body
 from batchproof.server.weights_root import not_loadable, weights_path
 
 router = APIRouter()
+router.include_router(control.router)  # /weight_info, /pause, /resume, /abort_requests
 
 # OpenAI routes we do not serve: a clear 501 naming the path, never a silent 404 or a
 # 200 that lacks logprobs.
@@ -157,6 +160,11 @@ async def info(request: Request) -> dict:
 class LoadWeightsRequest(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
     path: StrictStr  # a checkpoint directory (or GGUF) on the server's machine
+    # The label every reply's tokens will carry (vLLM's name); default: the checkpoint's hash, short.
+    weight_version: StrictStr | None = Field(None, min_length=1, max_length=256)
+    # drain: requests in flight finish on the old weights first; keep: they go on under the new
+    # ones after feeding their prefix again (as while paused in keep mode). docs/weight-versions.md
+    mode: Literal["drain", "keep"] = "drain"
 
 
 @router.post("/v1/load_weights")
@@ -180,7 +188,7 @@ async def load_weights(request: Request) -> dict:
     # Resolving stats files: off the event loop, as a slow disk must not stall every stream.
     path = await run_in_threadpool(weights_path, state.weights_root, req.path)
     try:
-        swap = await backend.load_weights(path)
+        swap = await backend.load_weights(path, req.weight_version, keep=req.mode == "keep")
     except ModelLoadError as e:
         raise APIError(400, f"'path' cannot replace the served weights: {e}", param="path") from None
     except OSError:  # a file could not be opened: said as every other file system state is
@@ -188,7 +196,8 @@ async def load_weights(request: Request) -> dict:
     info = backend.engine.info()
     return {"object": "load_weights", "path": info["model_path"], "model_sha256": info["model_sha256"],
             "numerics_id": numerics_id(info), "load_s": round(swap.load_s, 4), "drain_s": round(swap.drain_s, 4),
-            "swap_s": round(swap.swap_s, 4)}
+            "swap_s": round(swap.swap_s, 4), "weight_version": backend.engine.weight_version, "mode": swap.mode,
+            "num_refilled": swap.num_refilled}
 
 
 async def not_implemented(request: Request) -> Response:

@@ -20,7 +20,7 @@ from batchproof.engine.async_engine import AsyncEngine
 from batchproof.engine.config import EngineConfig
 from batchproof.engine.engine import Engine
 from batchproof.engine.model.errors import load_error_message
-from batchproof.server import admin
+from batchproof.server import admin, verify_rollouts
 from batchproof.server.auth import RequireAPIKey, server_api_keys
 from batchproof.server.batch_log import BatchLog
 from batchproof.server.body_limit import BodyLimit
@@ -132,7 +132,7 @@ def create_app(server_config: ServerConfig, engine_config: EngineConfig, engine:
 
     app = FastAPI(title="batchproof", version=__import__("batchproof").__version__, lifespan=lifespan)
     app.state.server = state
-    for module in (chat_route, completions_route, responses_route, admin):
+    for module in (chat_route, completions_route, responses_route, admin, verify_rollouts):
         app.include_router(module.router)
     install_openapi(app)
 

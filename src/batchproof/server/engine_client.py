@@ -7,7 +7,7 @@ numbers); Backend runs requests, and says whether it can swap the weights in pla
 from pathlib import Path
 from typing import Protocol
 
-from batchproof.engine.async_engine import Opened, WeightSwap
+from batchproof.engine.async_engine import Opened, PauseMode, WeightSwap
 from batchproof.engine.cache.prefix_cache import PrefixCache
 from batchproof.engine.model_front import ModelFront
 from batchproof.engine.sampling_params import SamplingParams
@@ -31,8 +31,9 @@ class Backend(Protocol):
     failure: BaseException | None  # set when no request can run any more (503s)
     num_faults: int  # steps that raised and failed only their own requests (/health: degraded)
     last_fault: str | None
-    # Whether load_weights may be called: a local engine swaps its weights; a fleet's router
-    # cannot (each replica holds its own), and /v1/load_weights answers a 501 before reading the body.
+    # Whether load_weights and the control plane (pause, resume, abort_requests, weight_info) may
+    # be called: a local engine swaps its weights; a fleet's router cannot (each replica holds
+    # its own weights and queue), and those routes answer a 501 before reading the body.
     supports_weight_updates: bool
 
     @property
@@ -47,8 +48,25 @@ class Backend(Protocol):
     async def open(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> Opened:
         """Admit a request (an APIError if it cannot be: 429, 503) -> who runs it and its deltas."""
 
-    async def load_weights(self, path: Path) -> WeightSwap:
-        """Replace the weights in place (only where supports_weight_updates): requests admitted
-        before finish on the old ones; a ModelLoadError leaves the old weights serving."""
+    async def load_weights(self, path: Path, version: str | None = None, keep: bool = False) -> WeightSwap:
+        """Replace the weights in place (only where supports_weight_updates), labelled `version`:
+        requests admitted before finish on the old ones, or with `keep` (or while paused in keep
+        mode) go on under the new ones; a ModelLoadError leaves the old weights serving."""
+
+    # The control plane (only where supports_weight_updates), vLLM's names: docs/weight-versions.md.
+    is_paused: bool
+    pause_mode: PauseMode | None
+
+    async def pause(self, mode: PauseMode) -> int:
+        """Stop admitting; abort, finish or hold what is in flight -> how many were aborted."""
+
+    async def resume(self) -> int:
+        """Step and admit again -> how many held requests were admitted."""
+
+    async def abort_requests(self, request_ids: list[str] | None) -> int:
+        """End these requests (None: all) with finish_reason "abort" -> how many."""
+
+    def weight_info(self) -> dict:
+        """The weight version served now, its model's sha256, path and load time."""
 
     def stop(self) -> None: ...

@@ -1,5 +1,8 @@
 """Engine records in OpenAI's wire shapes: chat logprob entries, legacy logprobs, token ids, usage."""
 
+import functools
+import math
+
 from batchproof.common.wire import wire_logprob
 from batchproof.engine.logprobs import TokenRecord
 from batchproof.engine.sequence import RequestOutput
@@ -12,13 +15,33 @@ def _token(tokenizer: Tokenizer, token_id: int) -> tuple[str, list[int]]:
     return raw.decode("utf-8", errors="replace"), list(raw)
 
 
-def chat_entry(tokenizer: Tokenizer, record: TokenRecord) -> dict:
-    text, raw = _token(tokenizer, record.token_id)
+def _spelled(tokenizer: Tokenizer, token_id: int, as_ids: bool) -> tuple[str, list[int]]:
+    """A token's text, or vLLM's `token_id:N` spelling of it (return_tokens_as_token_ids: a
+    token that is not valid UTF-8 alone, or whose text two ids share, is still named exactly);
+    `bytes` stay the token's own either way."""
+    text, raw = _token(tokenizer, token_id)
+    return (f"token_id:{token_id}" if as_ids else text), raw
+
+
+def chat_entry(tokenizer: Tokenizer, record: TokenRecord, as_ids: bool = False) -> dict:
+    text, raw = _spelled(tokenizer, record.token_id, as_ids)
     top = []
     for alt in record.top:
-        alt_text, alt_raw = _token(tokenizer, alt.token_id)
+        alt_text, alt_raw = _spelled(tokenizer, alt.token_id, as_ids)
         top.append({"token": alt_text, "logprob": wire_logprob(alt.logprob), "bytes": alt_raw})
-    return {"token": text, "logprob": wire_logprob(record.logprob), "bytes": raw, "top_logprobs": top}
+    entry = {"token": text, "logprob": wire_logprob(record.logprob), "bytes": raw, "top_logprobs": top}
+    if record.tail is not None:  # return_tail_logprobs: the mass outside top_logprobs (api-fields.md)
+        entry["tail_logprob"] = wire_logprob(record.tail)
+    return entry
+
+
+def end_entry(tokenizer: Tokenizer, out: RequestOutput, as_ids: bool = False) -> dict | None:
+    """The `end_token` of a choice (docs/rl-rollouts.md): the end-of-turn/EOS token that ended the
+    reply, as a chat entry with its id, from the last delta; None when no end token ended it
+    (a stop string, the length, a grammar that completed) or no logprobs were recorded."""
+    if out.end_token_id is None or out.end_record is None:
+        return None
+    return {"token_id": out.end_token_id, **chat_entry(tokenizer, out.end_record, as_ids)}
 
 
 class TextOffsets:
@@ -39,22 +62,51 @@ class TextOffsets:
 
 
 def legacy_logprobs(tokenizer: Tokenizer, records: list[TokenRecord | None], token_ids: list[int],
-                    offsets: TextOffsets, top_n: int | None = None) -> dict:
+                    offsets: TextOffsets, top_n: int | None = None, as_ids: bool = False) -> dict:
     """The /v1/completions shape; a None record (the first prompt token) scores as null.
-    top_n: how many alternatives to show (records may hold more, kept for prompt_logprobs)."""
+    top_n: how many alternatives to show (records may hold more, kept for prompt_logprobs);
+    as_ids: tokens spelled `token_id:N` (vLLM's return_tokens_as_token_ids)."""
     tokens, token_logprobs, top_logprobs, text_offset = [], [], [], []
     for token_id, record in zip(token_ids, records):
-        tokens.append(_token(tokenizer, token_id)[0])
+        tokens.append(_spelled(tokenizer, token_id, as_ids)[0])
         text_offset.append(offsets.next(token_id))
         if record is None:
             token_logprobs.append(None)
             top_logprobs.append(None)
             continue
         token_logprobs.append(wire_logprob(record.logprob))
-        top_logprobs.append({_token(tokenizer, alt.token_id)[0]: wire_logprob(alt.logprob)
+        top_logprobs.append({_spelled(tokenizer, alt.token_id, as_ids)[0]: wire_logprob(alt.logprob)
                              for alt in record.top[:top_n]})
-    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
-            "text_offset": text_offset}
+    result = {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
+              "text_offset": text_offset}
+    if any(record is not None and record.tail is not None for record in records):
+        # return_tail_logprobs: per token, the mass outside the alternatives shown (top_n of them)
+        result["tail_logprobs"] = [None if record is None else wire_logprob(_tail(record, top_n))
+                                   for record in records]
+    return result
+
+
+def _tail(record: TokenRecord, top_n: int | None) -> float:
+    """The record's tail, outside the top_n alternatives shown: the records may hold more than
+    are shown (kept for prompt_logprobs), and those not shown join the tail, added to it in
+    probability (their logprobs are exact; log-add-exp keeps the tail's small values)."""
+    hidden = record.top[top_n:] if top_n is not None else ()
+    return functools.reduce(_log_add, (alt.logprob for alt in hidden), record.tail)
+
+
+def _log_add(a: float, b: float) -> float:
+    if a == -math.inf:
+        return b
+    high, low = max(a, b), min(a, b)
+    return high + math.log1p(math.exp(low - high))
+
+
+def prompt_token_id_logprobs(records: list[TokenRecord | None], start: int, num_rows: int) -> list[list[float]]:
+    """vLLM's `prompt_token_id_logprobs`: row i the logprobs of the ids named for the logits at
+    prompt position start + i (which predict token start + i + 1), in the named order; -inf
+    (a -1 pad) as ABSENT_LOGPROB."""
+    rows = [records[start + 1 + i].named for i in range(num_rows)]
+    return [[wire_logprob(v) for v in row] for row in rows]
 
 
 def prompt_logprobs(tokenizer: Tokenizer, prompt_ids: list[int], records: list[TokenRecord | None],
@@ -96,10 +148,16 @@ def ids_mismatch(num_ids: int, num_tokens: int) -> APIError:
     return APIError(500, f"token_ids fail closed: {num_ids} ids for {num_tokens} reply tokens", type_="server_error")
 
 
+def delta_token_ids(out: RequestOutput) -> list[int]:
+    """The ids a delta carries: its tokens', then the end-of-turn/EOS token that ended the reply
+    (on the last delta), as vLLM's `token_ids` end with it: a trainer trains on the decision to
+    stop, and prompt + token_ids re-scored gives that token's logprob too."""
+    return out.token_ids if out.end_token_id is None else [*out.token_ids, out.end_token_id]
+
+
 def reply_token_ids(outputs: list[RequestOutput]) -> list[int]:
-    """vLLM's `token_ids`: one choice's generated ids over all its deltas (the end-of-turn token
-    is no part of the reply, as in its logprobs and usage)."""
+    """vLLM's `token_ids`: one choice's generated ids over all its deltas, the end token last."""
     ids = [token_id for out in outputs for token_id in out.token_ids]
     if len(ids) != outputs[-1].num_kept_tokens:
         raise ids_mismatch(len(ids), outputs[-1].num_kept_tokens)
-    return ids
+    return ids if outputs[-1].end_token_id is None else [*ids, outputs[-1].end_token_id]

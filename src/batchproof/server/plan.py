@@ -71,6 +71,9 @@ class Wanted:
     prompt_logprobs_name: str = "prompt_logprobs"
     allow_zero_tokens: bool = False
     max_stop_strings: int = MAX_CHAT_STOP_STRINGS
+    # vLLM's teacher scoring, checked against the one prompt (completions/named_scoring.py)
+    prompt_logprob_token_ids: tuple[tuple[int, ...], ...] | None = None
+    prompt_logprob_start: int = 0
 
 
 def check_model(requested: str | None, served: str) -> None:
@@ -205,6 +208,9 @@ def plan_request(req: CompletionsFields, front: ModelFront, limits: Limits, prom
         raise APIError(400, "'stream_options' is only allowed when 'stream' is true", param="stream_options")
     if req.stream and wanted.prompt_logprobs is not None and req.prompt_logprobs is not None:
         raise APIError(400, "'prompt_logprobs' is not available with 'stream': true", param="prompt_logprobs")
+    if req.return_tail_logprobs and wanted.top_logprobs is None and wanted.prompt_logprobs is None:
+        raise APIError(400, "'return_tail_logprobs' adds to logprob entries; ask for them too "
+                            f"('{wanted.top_logprobs_name}')", param="return_tail_logprobs")
     n = _check_counts(req, wanted, len(prompts), limits)
     max_tokens = [_max_tokens(wanted.max_tokens, wanted.max_tokens_name, len(p), front.max_model_len,
                               wanted.allow_zero_tokens) for p in prompts]
@@ -230,6 +236,9 @@ def plan_request(req: CompletionsFields, front: ModelFront, limits: Limits, prom
             ignore_eos=bool(req.ignore_eos),
             top_logprobs=wanted.top_logprobs,
             prompt_logprobs=wanted.prompt_logprobs,
+            prompt_logprob_token_ids=wanted.prompt_logprob_token_ids,
+            prompt_logprob_start=wanted.prompt_logprob_start,
+            tail_logprobs=bool(req.return_tail_logprobs),
             logprobs_mode=req.logprobs_mode or limits.logprobs_mode,
             cache_namespace=cache_namespace(limits.prefix_cache_scope, tenant, req.cache_salt),
             constraint=constraint,

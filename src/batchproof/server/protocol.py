@@ -132,6 +132,14 @@ class StreamOptions(Strict):
     include_obfuscation: StrictBool | None = None  # accepted and ignored: padding against side channels
 
 
+class Continuation(Strict):
+    """The previous turn, as its reply gave it (`prompt_token_ids` and a choice's `token_ids`):
+    the new prompt must extend prompt + reply exactly (chat/token_space.py)."""
+
+    prompt_token_ids: TokenIds
+    token_ids: TokenIds
+
+
 class CompletionsFields(SamplingFields):
     """What both completions endpoints (chat and legacy) add to the shared fields: a token budget,
     n choices, logit_bias, prompt logprobs and stream options (the Responses request has its own
@@ -142,13 +150,22 @@ class CompletionsFields(SamplingFields):
     stream_options: StreamOptions | None = None
     logit_bias: dict[StrictStr, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
     prompt_logprobs: NumLogprobs | None = None  # vLLM's: each prompt token's logprob and top K
+    # ours: each logprob entry also carries the logprob of the mass outside its top_logprobs
+    return_tail_logprobs: StrictBool | None = None
+    # vLLM's: each logprob entry's token (and alternatives) spelled `token_id:N`
+    return_tokens_as_token_ids: StrictBool | None = None
 
 
 class ChatCompletionRequest(CompletionsFields):
     # Counted before validation (precount.py); the exact limits are checked where they apply.
     counted_items: ClassVar[dict[str, int]] = {"messages": MAX_LISTED_ITEMS, "tools": MAX_TOOLS,
-                                               "metadata": MAX_METADATA_PAIRS}
+                                               "metadata": MAX_METADATA_PAIRS,
+                                               "prompt_token_ids": MAX_LISTED_ITEMS}
     messages: list[ChatMessage]
+    # vLLM's token-in chat: the prompt as ids, with `messages: []` (used as given, no template)
+    prompt_token_ids: TokenIds | None = None
+    # ours: the previous turn's prompt and reply ids, which this prompt must extend (docs/rl-rollouts.md)
+    continue_from: Continuation | None = None
     max_completion_tokens: StrictInt | None = None
     logprobs: StrictBool | None = None
     top_logprobs: NumLogprobs | None = None
@@ -171,12 +188,16 @@ class ChatCompletionRequest(CompletionsFields):
 
 
 class CompletionRequest(CompletionsFields):
-    counted_items: ClassVar[dict[str, int]] = {"prompt": MAX_LISTED_ITEMS, "metadata": MAX_METADATA_PAIRS}
+    counted_items: ClassVar[dict[str, int]] = {"prompt": MAX_LISTED_ITEMS, "metadata": MAX_METADATA_PAIRS,
+                                               "prompt_logprob_token_ids": MAX_LISTED_ITEMS}
     # A string, strings, token ids, or lists of token ids: one choice (or n) per prompt.
     prompt: StrictStr | list[StrictStr] | TokenIds | list[TokenIds]
     logprobs: NumLogprobs | None = None
     echo: StrictBool | None = None
     return_token_ids: StrictBool | None = None  # vLLM's: each choice's prompt and generated token ids
+    # vLLM's teacher scoring: per prompt row from prompt_logprob_start, the ids to score (-1 pads)
+    prompt_logprob_token_ids: list[list[StrictInt]] | None = None
+    prompt_logprob_start: Annotated[StrictInt, Field(ge=0)] | None = None
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None  # vLLM's
     best_of: refused("best_of above 1 is not implemented; use n", allowed=(1,)) = None

@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from batchproof.common.wire import REPLICA_HEADER
-from batchproof.engine.async_engine import Opened
+from batchproof.engine.async_engine import ABORTED_BY_REQUEST, Opened
 from batchproof.engine.sequence import RequestOutput
 from batchproof.server.engine_client import Backend
 from batchproof.server.entries import ids_mismatch
@@ -54,7 +54,7 @@ def engine_error(out: RequestOutput, timeout_s: float) -> APIError | None:
         return APIError(500, f"generation failed: {out.error}", type_="server_error")
     if out.finish_reason == "unavailable":  # the replica running it went away (a fleet)
         return APIError(503, f"generation failed: {out.error}", type_="service_unavailable")
-    if out.finish_reason == "abort":
+    if out.finish_reason == "abort" and out.error_code != ABORTED_BY_REQUEST:  # (/abort_requests: a reply)
         return APIError(504, f"request aborted after {timeout_s:g} s", type_="timeout_error")
     return None
 

@@ -84,7 +84,8 @@ class CacheManager:
             self.kv.write_block(seq.slot, i * size, block.k, block.v)
         if top_n is None or not blocks:
             return Reused(begin)
-        if all(block.records is not None and block.records_top >= top_n for block in blocks):
+        if seq.params.reuses_prompt_records and all(block.records is not None and block.records_top >= top_n
+                                                    for block in blocks):
             # Kept where every block kept them at this top-N or more (the top-n of a row is the
             # first n of its top-N); the last target lies past the prefix: its row is scored.
             kept = [record for block in blocks for record in block.records][1:]  # target 0 has none

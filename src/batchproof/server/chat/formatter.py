@@ -4,18 +4,26 @@ import time
 
 from batchproof.engine.sequence import RequestOutput
 from batchproof.engine.text.tokenizer import Tokenizer
-from batchproof.server.entries import chat_entry, prompt_logprobs, reply_token_ids, summed_usage
+from batchproof.server.entries import (
+    chat_entry,
+    delta_token_ids,
+    end_entry,
+    prompt_logprobs,
+    reply_token_ids,
+    summed_usage,
+)
 from batchproof.server.errors import count_mismatch
 from batchproof.server.reply_formatter import ChunkStream
 from batchproof.server.tools import reply as tool_reply
 from batchproof.server.tools.choice import ToolPlan
+from batchproof.server.weight_versions import chunk_versions, reply_versions
 
 
 class ChatFormatter(ChunkStream):
     def __init__(self, request_id: str, model: str, tokenizer: Tokenizer, num_choices: int, wants_records: bool,
                  include_usage: bool, prompt_ids: list[int], num_prompt_logprobs: int | None = None,
                  label: dict[str, str] | None = None, tool_plan: ToolPlan | None = None,
-                 return_token_ids: bool = False) -> None:
+                 return_token_ids: bool = False, as_ids: bool = False) -> None:
         self.base = {"id": request_id, "created": int(time.time()), "model": model}
         self.head = {**self.base, "object": "chat.completion.chunk"}
         self.tokenizer = tokenizer
@@ -31,6 +39,7 @@ class ChatFormatter(ChunkStream):
         # vLLM's return_token_ids: the prompt's ids at the top, each choice's generated ids on it.
         self.return_token_ids = return_token_ids
         self.wants_token_ids = return_token_ids  # the runner checks a stream's count
+        self.as_ids = as_ids  # vLLM's return_tokens_as_token_ids: entries spelled `token_id:N`
 
 
     def first_chunks(self) -> list[dict]:
@@ -50,13 +59,23 @@ class ChatFormatter(ChunkStream):
         # An entry rides on the chunk that carries its token's text, or that holds it back while
         # it may be part of a tool call (the calls' tokens have entries too).
         if self.wants_records and out.records:
-            choice["logprobs"] = {"content": [chat_entry(self.tokenizer, r) for r in out.records], **self.label}
+            choice["logprobs"] = {"content": [chat_entry(self.tokenizer, r, self.as_ids) for r in out.records],
+                                  **self.label}
         elif not delta and finish_reason is None and not (self.return_token_ids and out.token_ids):
             return []  # all of it held back, and no entry or id to carry
         choice["finish_reason"] = finish_reason
-        if self.return_token_ids:  # the ids ride exactly where the entries do
-            choice["token_ids"] = out.token_ids
+        if self.return_token_ids:  # the ids ride exactly where the entries do (the end token on the last)
+            choice["token_ids"] = delta_token_ids(out)
+        self._add_end(choice, out)
+        choice |= chunk_versions(out)  # which weights chose this chunk's tokens
         return [{**self.head, "choices": [choice]}]
+
+    def _add_end(self, choice: dict, last: RequestOutput) -> None:
+        """The end-of-turn token's entry beside, never inside, logprobs.content: one entry per
+        text token there, as OpenAI's clients read it."""
+        end = end_entry(self.tokenizer, last, self.as_ids) if self.wants_records else None
+        if end is not None:
+            choice["end_token"] = end
 
     def _tool_delta(self, index: int, out: RequestOutput) -> tuple[dict, str | None]:
         replying = self.tool_replies[index]
@@ -86,13 +105,15 @@ class ChatFormatter(ChunkStream):
             message, finish_reason = tool_reply.whole(self.tool_plan, text, last.finish_reason)
         choice: dict = {"index": index, "message": message}
         if self.wants_records:
-            entries = [chat_entry(self.tokenizer, r) for o in outputs for r in o.records]
+            entries = [chat_entry(self.tokenizer, r, self.as_ids) for o in outputs for r in o.records]
             if len(entries) != last.num_kept_tokens:
                 raise count_mismatch(len(entries), last.num_kept_tokens)
             choice["logprobs"] = {"content": entries, **self.label}
         choice["finish_reason"] = finish_reason
         if self.return_token_ids:
             choice["token_ids"] = reply_token_ids(outputs)
+        self._add_end(choice, last)
+        choice |= reply_versions(outputs)  # which weights chose the reply's tokens
         return choice
 
     def whole(self, outputs: list[list[RequestOutput]]) -> dict:

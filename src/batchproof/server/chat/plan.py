@@ -2,6 +2,7 @@
 constraint, and what the engine runs (the Responses route plans through it too)."""
 
 from batchproof.server.chat.messages import chat_prompt_ids, check_messages
+from batchproof.server.chat.token_space import check_continues, token_prompt
 from batchproof.server.errors import APIError
 from batchproof.server.plan import Plan, Wanted, check_model, plan_request
 from batchproof.server.protocol import ChatCompletionRequest, check_metadata
@@ -13,19 +14,25 @@ from batchproof.server.tools.choice import ToolPlan, plan_tools
 def plan_chat(req: ChatCompletionRequest, state: ServerState, key_id: str | None) -> tuple[Plan, ToolPlan | None]:
     """A parsed chat request -> what the engine runs: the one plan the Responses route shares."""
     check_model(req.model, state.served_model_name)
-    if not req.messages:
-        raise APIError(400, "'messages' must hold at least one message, got []", param="messages")
+    client = state.client
+    front = client.front
+    prompt_ids = token_prompt(req, front.tokenizer, front.max_model_len)
+    if prompt_ids is None and not req.messages:
+        raise APIError(400, "'messages' must hold at least one message, got [] (or send 'prompt_token_ids')",
+                       param="messages")
     if req.top_logprobs is not None and req.logprobs is not True:
         raise APIError(400, f"'top_logprobs' ({req.top_logprobs}) requires 'logprobs' to be true, "
                             f"got 'logprobs': {req.logprobs}", param="top_logprobs")
     check_metadata(req.metadata)
-    client = state.client
-    front = client.front
     # Every count first, each before the work it bounds: messages before rendering, tools (in
     # plan_tools) before their grammar compiles.
-    check_messages(front, req.messages)
+    if prompt_ids is None:
+        check_messages(front, req.messages)
     tool_plan = plan_tools(req, front.chat_template, front.tokenizer)
-    prompt_ids = chat_prompt_ids(client, req.messages, tool_plan)
+    if prompt_ids is None:
+        prompt_ids = chat_prompt_ids(client, req.messages, tool_plan)
+    if req.continue_from is not None:
+        check_continues(prompt_ids, req.continue_from, front.tokenizer, front.max_model_len)
     max_tokens, name = ((req.max_completion_tokens, "max_completion_tokens") if req.max_completion_tokens is not None
                         else (req.max_tokens, "max_tokens"))
     top_logprobs = (req.top_logprobs or 0) if req.logprobs else None

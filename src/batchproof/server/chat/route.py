@@ -32,5 +32,6 @@ async def chat_completions(request: Request) -> Response:
                               wants_records=req.logprobs is True, include_usage=plan.include_usage,
                               prompt_ids=plan.prompts[0], num_prompt_logprobs=req.prompt_logprobs,
                               label=logprobs_label(plan.choices[0].params), tool_plan=tool_plan,
-                              return_token_ids=bool(req.return_token_ids))
+                              return_token_ids=bool(req.return_token_ids),
+                              as_ids=bool(req.return_tokens_as_token_ids))
     return await reply(request, submitted, state.config.request_timeout_s, bool(req.stream), formatter)

@@ -7,13 +7,17 @@ from batchproof.engine.sequence import RequestOutput
 from batchproof.engine.text.tokenizer import Tokenizer
 from batchproof.server.entries import (
     TextOffsets,
+    delta_token_ids,
+    end_entry,
     legacy_logprobs,
     prompt_logprobs,
+    prompt_token_id_logprobs,
     reply_token_ids,
     summed_usage,
 )
 from batchproof.server.errors import count_mismatch
 from batchproof.server.reply_formatter import ChunkStream
+from batchproof.server.weight_versions import chunk_versions, reply_versions
 
 
 @dataclass(frozen=True)
@@ -26,6 +30,8 @@ class CompletionsShape:
     include_usage: bool
     label: dict[str, str] | None = None  # under a constraint: which it was, and raw or processed
     return_token_ids: bool = False  # vLLM's: each choice's prompt_token_ids and (generated) token_ids
+    as_ids: bool = False  # vLLM's return_tokens_as_token_ids: tokens spelled `token_id:N`
+    named_rows: tuple[int, int] | None = None  # prompt_logprob_token_ids: (prompt_logprob_start, rows)
 
 
 class CompletionsFormatter(ChunkStream):
@@ -52,13 +58,24 @@ class CompletionsFormatter(ChunkStream):
         if self.wants_records:
             token_ids = [r.token_id for r in out.records]
             choice["logprobs"] = {**legacy_logprobs(self.tokenizer, out.records, token_ids, self.offsets[index],
-                                                    self.shape.num_logprobs), **(self.shape.label or {})}
+                                                    self.shape.num_logprobs, self.shape.as_ids),
+                                  **(self.shape.label or {})}
         if self.shape.return_token_ids:  # as vLLM: the prompt's ids on a choice's first chunk only
             if index not in self.opened:
                 choice["prompt_token_ids"] = self.prompts[index // self.n]
                 self.opened.add(index)
-            choice["token_ids"] = out.token_ids  # the ids of the tokens whose text this chunk carries
+            choice["token_ids"] = delta_token_ids(out)  # the ids of the tokens whose text this chunk carries
+        self._add_end(choice, out)
+        choice |= chunk_versions(out)  # which weights chose this chunk's tokens
         return [{**self.base, "choices": [choice]}]
+
+    def _add_end(self, choice: dict, last: RequestOutput) -> None:
+        """The end-of-turn token's entry beside the legacy lists (one entry per text token there),
+        in chat's entry shape with its id, so both routes report it alike."""
+        end = end_entry(self.tokenizer, last, self.shape.as_ids) if self.wants_records else None
+        if end is not None:
+            end["top_logprobs"] = end["top_logprobs"][:self.shape.num_logprobs]
+            choice["end_token"] = end
 
     def last_chunks(self, lasts: list[RequestOutput]) -> list[dict]:
         if not self.include_usage:
@@ -79,13 +96,18 @@ class CompletionsFormatter(ChunkStream):
             if self.shape.echo:  # the first prompt token has nothing before it to be scored from
                 records, token_ids = scored + records, prompt_ids + token_ids
             choice["logprobs"] = {**legacy_logprobs(self.tokenizer, records, token_ids, TextOffsets(self.tokenizer),
-                                                    self.shape.num_logprobs), **(self.shape.label or {})}
+                                                    self.shape.num_logprobs, self.shape.as_ids),
+                                  **(self.shape.label or {})}
         if self.shape.num_prompt_logprobs is not None:
             choice["prompt_logprobs"] = prompt_logprobs(self.tokenizer, prompt_ids, scored,
                                                         self.shape.num_prompt_logprobs)
+        if self.shape.named_rows is not None:  # vLLM's teacher scores: [rows, K], beside prompt_logprobs
+            choice["prompt_token_id_logprobs"] = prompt_token_id_logprobs(scored, *self.shape.named_rows)
         if self.shape.return_token_ids:  # generated ids only, echo or not (as vLLM)
             choice["prompt_token_ids"] = prompt_ids
             choice["token_ids"] = reply_token_ids(outputs)
+        self._add_end(choice, last)
+        choice |= reply_versions(outputs)  # which weights chose the reply's tokens
         return choice
 
     def whole(self, outputs: list[list[RequestOutput]]) -> dict:

@@ -1,6 +1,7 @@
 """Legacy completions' plan: every prompt shape OpenAI allows (a string, strings, token ids, lists
 of token ids) as token ids, echo and prompt scoring (max_tokens 0) checked, and what the engine runs."""
 
+from batchproof.server.completions.named_scoring import named_rows
 from batchproof.server.errors import APIError
 from batchproof.server.plan import (
     MAX_COMPLETION_STOP_STRINGS,
@@ -62,8 +63,12 @@ def plan_completions(req: CompletionRequest, state: ServerState, key_id: str | N
     max_tokens = LEGACY_DEFAULT_MAX_TOKENS if req.max_tokens is None else req.max_tokens
     # echo with logprobs scores the prompt too; prompt_logprobs asks for it on its own.
     asked = [k for k in (req.logprobs if req.echo else None, req.prompt_logprobs) if k is not None]
+    named, start = named_rows(req, prompts, state.front.tokenizer.vocab_size, state.limits.max_logprobs)
+    if named is not None and not asked:  # named rows are prompt scoring's rows
+        asked = [0]
     wanted = Wanted(max_tokens, "max_tokens", req.logprobs, "logprobs",
                     prompt_logprobs=max(asked) if asked else None, allow_zero_tokens=bool(req.echo),
-                    max_stop_strings=MAX_COMPLETION_STOP_STRINGS)
+                    max_stop_strings=MAX_COMPLETION_STOP_STRINGS, prompt_logprob_token_ids=named,
+                    prompt_logprob_start=start)
     constraint = request_constraint(req.response_format, req.structured_outputs, state.front.tokenizer)
     return plan_request(req, state.front, state.limits, prompts, wanted, key_id, constraint)

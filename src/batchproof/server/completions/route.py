@@ -22,6 +22,13 @@ def _plan(body: bytes, state: ServerState, key_id: str | None) -> tuple[Completi
     return req, plan_completions(req, state, key_id)
 
 
+def _named_rows(plan: Plan) -> tuple[int, int] | None:
+    """(prompt_logprob_start, rows) when the request named tokens to score."""
+    params = plan.choices[0].params
+    rows = params.prompt_logprob_token_ids
+    return None if rows is None else (params.prompt_logprob_start, len(rows))
+
+
 @router.post("/v1/completions", response_model=None)
 async def completions(request: Request) -> Response:
     state: ServerState = request.app.state.server
@@ -30,7 +37,8 @@ async def completions(request: Request) -> Response:
     shape = CompletionsShape(num_logprobs=req.logprobs, echo=bool(req.echo),
                              num_prompt_logprobs=req.prompt_logprobs, include_usage=plan.include_usage,
                              label=logprobs_label(plan.choices[0].params),
-                             return_token_ids=bool(req.return_token_ids))
+                             return_token_ids=bool(req.return_token_ids),
+                             as_ids=bool(req.return_tokens_as_token_ids), named_rows=_named_rows(plan))
     formatter = CompletionsFormatter(submitted.request_id, state.served_model_name, state.front.tokenizer,
                                      plan.prompts, len(plan.choices) // len(plan.prompts), shape)
     return await reply(request, submitted, state.config.request_timeout_s, bool(req.stream), formatter)

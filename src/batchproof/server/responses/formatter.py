@@ -24,6 +24,7 @@ from batchproof.server.entries import chat_entry
 from batchproof.server.errors import APIError, count_mismatch
 from batchproof.server.tools import reply as tool_reply
 from batchproof.server.tools.choice import ToolPlan
+from batchproof.server.weight_versions import reply_versions
 
 
 def new_id(prefix: str) -> str:
@@ -58,6 +59,7 @@ class ResponsesFormatter:
         self.is_open = False  # the last item still takes deltas
         self.pending: list[dict[str, Any]] = []  # entries whose text is held back
         self.num_entries = 0
+        self.deltas: list[RequestOutput] = []  # for the weight versions the final response names
 
     # --- the stream
 
@@ -74,7 +76,8 @@ class ResponsesFormatter:
         return {"id": self.echo["id"], "object": "response", "created_at": self.created_at, "status": status,
                 "error": None, "incomplete_details": incomplete, **{k: v for k, v in self.echo.items() if k != "id"},
                 "output": [dict(item) for item in self.items] if status != "in_progress" else [],
-                "usage": usage(last) if last is not None else None}
+                "usage": usage(last) if last is not None else None,
+                **(reply_versions(self.deltas) if last is not None and self.deltas else {})}
 
     def first_chunks(self) -> list[dict]:
         # stream_mode "live" (ours, as on the chat route): events leave as tokens are made (the probe's S7 reads it).
@@ -82,6 +85,7 @@ class ResponsesFormatter:
                 self._event("response.in_progress", response=self.response("in_progress"))]
 
     def chunks(self, index: int, out: RequestOutput) -> list[dict]:
+        self.deltas.append(out)
         if self.wants_records:
             self.pending += [chat_entry(self.tokenizer, r) for r in out.records]
             self.num_entries += len(out.records)

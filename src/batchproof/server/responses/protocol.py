@@ -105,8 +105,11 @@ class ResponsesRequest(SamplingFields):
     # not a docstring: a docstring would become the OpenAPI document's description.)
     # Counted before validation (precount.py); the exact limits are checked where they apply.
     counted_items: ClassVar[dict[str, int]] = {"input": MAX_LISTED_ITEMS, "tools": MAX_TOOLS,
-                                               "metadata": MAX_METADATA_PAIRS}
+                                               "metadata": MAX_METADATA_PAIRS,
+                                               "prompt_token_ids": MAX_LISTED_ITEMS}
     input: StrictStr | list[dict[StrictStr, Any]]  # items are read one by one (translate.py), to name the bad one
+    # Token-in, as chat's (vLLM's shape): the rendered prompt as ids, with `input: []`
+    prompt_token_ids: list[StrictInt] | None = None
     instructions: StrictStr | None = None
     max_output_tokens: StrictInt | None = None
     top_logprobs: NumLogprobs | None = None

@@ -15,7 +15,7 @@ from batchproof.server.plan import Plan, logprobs_label
 from batchproof.server.protocol import ChatCompletionRequest, check_metadata
 from batchproof.server.responses.formatter import ResponsesFormatter
 from batchproof.server.responses.protocol import ResponsesRequest
-from batchproof.server.responses.translate import Message, chat_request, input_messages, renamed
+from batchproof.server.responses.translate import TOKEN_PROMPT, Message, chat_request, input_messages, renamed
 from batchproof.server.serving import reply, submit
 from batchproof.server.state import ServerState, parse_body
 from batchproof.server.tools.choice import ToolPlan
@@ -49,6 +49,10 @@ def _plan(body: bytes, state: ServerState, key_id: str | None
         if stored is None:
             raise _not_found(req.previous_response_id, "previous_response_id")
         history = stored.conversation
+        if any(TOKEN_PROMPT in message for message in history):
+            raise APIError(400, f"the response {shown(req.previous_response_id)} was prompted with 'prompt_token_ids', "
+                                "which cannot be re-rendered as messages; continue it in token space "
+                                "(prompt_token_ids: its prompt, reply and the next turn)", param="previous_response_id")
     _check_num_items(len(history) + (len(req.input) if isinstance(req.input, list) else 1), state)
     chat, conversation = chat_request(req, history)
     try:

@@ -137,6 +137,27 @@ def _wants_logprobs(req: ResponsesRequest) -> bool:
     return wanted
 
 
+TOKEN_PROMPT = "token_prompt"  # the key marking a stored conversation whose prompt was sent as ids
+
+
+def token_prompt_marker(num_tokens: int) -> Message:
+    """What a token-in response keeps in place of the messages it never had: a later
+    previous_response_id cannot re-render ids, so it is refused (route.py) rather than
+    continued from the reply alone."""
+    return {TOKEN_PROMPT: num_tokens}
+
+
+def _check_token_prompt(req: ResponsesRequest) -> None:
+    """The ids are the whole prompt: nothing else may add to it."""
+    if req.input:
+        raise APIError(400, f"'input' must be [] when 'prompt_token_ids' is given (the ids are the whole prompt), "
+                            f"got {shown(req.input)}", param="input")
+    for name, value in (("instructions", req.instructions), ("previous_response_id", req.previous_response_id)):
+        if value is not None:
+            raise APIError(400, f"'{name}' cannot be combined with 'prompt_token_ids' (the ids are the whole prompt)",
+                           param=name)
+
+
 def chat_request(req: ResponsesRequest, history: list[Message]) -> tuple[ChatCompletionRequest, list[Message]]:
     """The chat request a Responses request means, after `history` (a stored conversation that
     previous_response_id continues; its instructions are not carried over, as OpenAI's are not),
@@ -145,6 +166,10 @@ def chat_request(req: ResponsesRequest, history: list[Message]) -> tuple[ChatCom
     body: dict[str, Any] = {name: getattr(req, name) for name in SAME_FIELDS if getattr(req, name) is not None}
     system = [{"role": "system", "content": req.instructions}] if req.instructions is not None else []
     body["messages"] = [*system, *conversation]
+    if req.prompt_token_ids is not None:
+        _check_token_prompt(req)
+        body["prompt_token_ids"] = req.prompt_token_ids
+        conversation = [token_prompt_marker(len(req.prompt_token_ids))]
     if req.max_output_tokens is not None:
         body["max_completion_tokens"] = req.max_output_tokens
     if _wants_logprobs(req):

@@ -1,0 +1,54 @@
+"""Which weights chose each token: a label per installed model, kept on each sequence as the
+output index where each version began, and stamped on every delta as spans over the reply."""
+
+from batchproof.engine.sequence import RequestOutput, Sequence, Status, VersionSpan
+
+# A version defaults to the first 16 hex digits of the served bytes' sha256 (64 bits: two
+# checkpoints of one run do not collide; /weight_info gives the whole hash beside it).
+DEFAULT_VERSION_DIGITS = 16
+
+
+def default_version(sha256: str) -> str:
+    return sha256[:DEFAULT_VERSION_DIGITS]
+
+
+def spans(marks: list[tuple[int, str]], start: int, end: int) -> list[VersionSpan]:
+    """The versions of output tokens start..end-1, from a sequence's marks (each version's
+    first output index, in order); empty spans (a version that chose nothing) are left out."""
+    found = []
+    for i, (begin, version) in enumerate(marks):
+        stop = marks[i + 1][0] if i + 1 < len(marks) else end
+        lo, hi = max(begin, start), min(stop, end)
+        if lo < hi:
+            found.append(VersionSpan(lo, hi, version))
+    return found
+
+
+def label(out: RequestOutput, seq: Sequence) -> None:
+    """Stamp a delta with the versions of the tokens it releases (they may have been chosen a
+    few steps before: a stop string holds text back)."""
+    start = seq.num_released
+    # The end-of-turn token that ended the reply is counted too: it was chosen like any token.
+    seq.num_released += len(out.token_ids) + (out.end_token_id is not None)
+    out.weight_version_spans = spans(seq.weight_versions, start, seq.num_released)
+    out.weight_version = (out.weight_version_spans[-1].version if out.weight_version_spans
+                          else seq.weight_versions[-1][1])
+
+
+def refeed(seq: Sequence, version: str) -> bool:
+    """The weights under `seq` changed mid-generation (a keep-mode swap): whatever its slot holds
+    was computed by the old ones. A sequence still going on feeds its whole prefix again (a
+    prompt part-way through prefill starts over, as if it arrived now); one that has ended,
+    awaiting retirement, keeps nothing, so no old key reaches the new weights' prefix cache.
+    True if it had computed anything that it now computes again."""
+    had_computed = seq.num_computed > 0
+    seq.num_computed = 0
+    seq.prefill = None
+    if seq.status is Status.FINISHED or seq.is_aborted:
+        return False
+    if seq.output_ids:
+        seq.is_refilling = True
+        seq.weight_versions.append((len(seq.output_ids), version))
+    else:
+        seq.weight_versions = [(0, version)]
+    return had_computed or seq.is_refilling
