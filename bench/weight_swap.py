@@ -9,6 +9,10 @@ shapes) is swapped in, both ways, on one engine in this process:
 - keep: the swap installs at once; every sequence feeds its prompt and reply so far again under
   the new weights (refill_s: until each has made its next token; refill_tokens fed) and goes on.
 
+Speculative decoding is off unless --speculative: these prompts cycle through a few words, so
+prompt-lookup drafts would emit several tokens a step, and the first requests admitted would
+finish before the last ones reach --swap-at (every request must be running at the swap).
+
 Run it on quiet cores: python bench/weight_swap.py --concurrency 1,4,16 --json bench/results/weight-swap.json
 """
 
@@ -50,6 +54,7 @@ def start(engine: Engine, c: int, prompt_tokens: int, max_tokens: int, swap_at: 
         engine.add_request(f"r{i}", ids, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
     while min((len(s.output_ids) for s in engine.scheduler.running), default=0) < swap_at:
         engine.step()
+    assert len(engine.scheduler.running) == c, "a request finished before the swap: see --speculative"
 
 
 def drain(engine: Engine, prepared) -> dict:
@@ -86,12 +91,16 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--swap-at", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--speculative", action="store_true")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     model = resolve_model(None)
     with tempfile.TemporaryDirectory() as directory:
         new_path = changed_copy(model, Path(directory))
-        engine = Engine(EngineConfig(device="cpu", max_batch=max(int(c) for c in args.concurrency.split(","))))
+        # Every prompt prefilled before any decoding (the whole budget for prefill, all prompts
+        # in one or two steps), so the c requests reach --swap-at together and all run at the swap.
+        engine = Engine(EngineConfig(device="cpu", max_batch=max(int(c) for c in args.concurrency.split(",")),
+                                     speculative=args.speculative, prefill_share=1.0, max_prefill_tokens=4096))
         old, new = engine.prepare_weights(model), engine.prepare_weights(new_path)
         rows = []
         for c in (int(c) for c in args.concurrency.split(",")):
