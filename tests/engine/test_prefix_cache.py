@@ -237,3 +237,31 @@ def test_cached_blocks_make_way_for_running_sequences():
     cache.leaving(2 * one)  # they finished
     cache.insert(cache.keys(list(range(300, 308)), 2), {0: block(6), 1: block(7)})
     assert len(cache) == 4 and cache.nbytes <= cache.budget_bytes
+
+
+def test_a_tail_follows_the_whole_blocks_and_is_never_a_whole_block():
+    cache = PrefixCache(4, 10**6, "m")
+    tokens = list(range(7))  # one whole block and a tail of three
+    keys = cache.keys(tokens, 1)
+    tail = cache.tail_key(tokens, 1, 3)
+    cache.insert([*keys, tail], {0: block(1), 1: Block(torch.full((2, 1, 3, 3), 2.0), torch.zeros(2, 1, 3, 3), None)})
+    found = cache.match(list(range(10)), 9, need_hidden=False)
+    assert [b.num_tokens for b in found] == [4, 3] and cache.stats.hit_tokens == 7
+    assert [b.num_tokens for b in cache.match(list(range(6)) + [99], 6, need_hidden=False)] == [4]  # tail differs
+    assert [b.num_tokens for b in cache.match(list(range(10)), 6, need_hidden=False)] == [4]  # past the limit
+    assert [b.num_tokens for b in cache.match(list(range(10)), 9, need_hidden=True)] == [4]  # tails keep no hidden
+    assert tail not in cache.keys(list(range(8)), 2) and cache.tail_key(tokens, 1, 3, namespace="x") != tail
+
+
+def test_the_next_turn_finds_every_position_the_last_one_computed(warm, cold):
+    """A reply ending mid-block: the next prompt gets its whole blocks and its tail from the
+    cache (all but the last token chosen, never fed back), with the bits of computing afresh."""
+    turn_one = chat(warm, ("user", "Name a river and say one thing about it."))
+    reply = run(warm, {"tail1": (turn_one, params(max_tokens=21))})["tail1"]
+    output_ids = [t for out in reply for t in out.token_ids]
+    computed = len(turn_one) + len(output_ids) - 1
+    assert computed % 16 != 0
+    turn_two = turn_one + output_ids + warm.tokenizer.encode(" And another one?", add_bos=False)
+    hot = run(warm, {"tail2": (turn_two, params())})["tail2"]
+    assert hot[-1].num_cached_tokens == computed
+    assert signature(hot) == signature(run(cold, {"tail2c": (turn_two, params())})["tail2c"])

@@ -2,7 +2,7 @@
 and the prefix cache, and answers every question about them.
 
 A slot is taken and given back here only. Given back, the prefix cache first keeps the whole
-blocks of prompt and reply its sequence computed, then the slot's pages go back to the OS,
+blocks of prompt and reply its sequence computed, and the partial block after them, then the slot's pages go back to the OS,
 before a newcomer given the slot writes it. Around a prompt's prefill: before it, what the
 cache holds of the prompt is copied into the slot; after it, the prompt's new whole blocks
 are kept. A request with a cache_namespace of None neither reuses nor leaves prefixes; with
@@ -78,7 +78,7 @@ class CacheManager:
         # The last prompt token is always computed: its logits choose the first reply token.
         blocks = cache.match(seq.prompt_ids, n - 1, need_hidden=top_n is not None,
                              namespace=seq.params.cache_namespace)
-        begin = len(blocks) * size
+        begin = sum(block.num_tokens for block in blocks)  # whole blocks, then perhaps a tail
         seq.num_cached_tokens = begin
         for i, block in enumerate(blocks):
             self.kv.write_block(seq.slot, i * size, block.k, block.v)
@@ -116,17 +116,26 @@ class CacheManager:
 
     def _keep_retired(self, seq: Sequence) -> None:
         """As seq leaves its slot (which still holds its keys): its room is the cache's again,
-        and the cache keeps the whole blocks of prompt and reply it computed (not the last
-        token chosen: it was never fed back)."""
+        and the cache keeps the whole blocks of prompt and reply it computed, then the partial
+        block after them (a conversation's next turn finds every position this one computed; not
+        the last token chosen: it was never fed back)."""
         cache = self.prefix_cache
         if cache is None:
             return
         cache.leaving(seq.num_tokens * self.kv.bytes_per_token)
-        if self._cache_for(seq) is None or seq.num_computed < cache.block_size:
+        if self._cache_for(seq) is None or seq.num_computed == 0:
             return
+        size, namespace = cache.block_size, seq.params.cache_namespace
         tokens = (seq.prompt_ids + seq.output_ids)[:seq.num_computed]
-        keys = cache.keys(tokens, len(tokens) // cache.block_size, seq.params.cache_namespace)
-        cache.insert(keys, {i: self._block(seq.slot, i, None) for i in cache.missing(keys, need_hidden=False)})
+        num_whole, tail = divmod(len(tokens), size)
+        keys = cache.keys(tokens, num_whole, namespace)
+        blocks = {i: self._block(seq.slot, i, None) for i in cache.missing(keys, need_hidden=False)}
+        if tail:  # stored with the whole blocks, so the prefix's touch orders it deepest
+            keys.append(cache.tail_key(tokens, num_whole, tail, namespace, keys))
+            if cache.missing(keys[-1:], need_hidden=False):
+                k, v = self.kv.read_block(seq.slot, num_whole * size, tail)
+                blocks[num_whole] = Block(k, v, None)
+        cache.insert(keys, blocks)
 
     def _block(self, slot: int, index: int, hidden: torch.Tensor | None, records: list | None = None,
                records_top: int = 0) -> Block:

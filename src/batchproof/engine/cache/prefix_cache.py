@@ -8,7 +8,9 @@ property (torch, whose BLAS blocks a row by the row count) do not get a cache.
 
 A block holds `block_size` consecutive positions and is keyed by a hash of every token up
 to its end, chained from a seed naming the model and its arithmetic, so a key names one
-prefix of one model. Blocks are copied into a sequence's own slot at admission (and out
+prefix of one model. A sequence that leaves also keeps its last, partial block (a tail of
+1..block_size-1 positions, keyed apart from whole blocks): the next turn of a conversation
+then finds every position the previous turn computed, not only its whole blocks. Blocks are copied into a sequence's own slot at admission (and out
 of it after prefill and at retirement): a running sequence never reads the cache, so
 eviction can never pull a block from under it. Why copies and not a paged cache: a copy
 of a 1,000-token prefix is ~46 MB for the default model, a few milliseconds against the
@@ -35,6 +37,10 @@ class Block:
     # prefix at that top-N or less reads them instead of running the LM head again.
     records: list | None = None
     records_top: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return self.k.shape[2]  # block_size, or fewer for a tail
 
     @property
     def nbytes(self) -> int:
@@ -70,22 +76,36 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._blocks)
 
+    def _namespace_seed(self, namespace: str) -> bytes:
+        return self._seed if not namespace else hashlib.blake2b(self._seed + namespace.encode(),
+                                                                digest_size=16).digest()
+
     def keys(self, token_ids: list[int], num_blocks: int, namespace: str = "") -> list[bytes]:
         """The keys of the first num_blocks full blocks of token_ids, in `namespace` (a request's
         cache_namespace): the same tokens in two namespaces are two unrelated chains."""
-        seed = self._seed if not namespace else hashlib.blake2b(self._seed + namespace.encode(),
-                                                                digest_size=16).digest()
-        keys, key, size = [], seed, self.block_size
+        keys, key, size = [], self._namespace_seed(namespace), self.block_size
         for i in range(num_blocks):
             key = hashlib.blake2b(key + array("q", token_ids[i * size:(i + 1) * size]).tobytes(),
                                   digest_size=16).digest()
             keys.append(key)
         return keys
 
+    def tail_key(self, token_ids: list[int], num_blocks: int, length: int, namespace: str = "",
+                 keys: list[bytes] | None = None) -> bytes:
+        """The key of the tail of `length` positions after the first num_blocks whole blocks
+        (`keys`: those blocks' keys, if already computed). Marked apart from a whole block's key,
+        so a tail never stands for a whole block of the same tokens' first positions."""
+        keys = self.keys(token_ids, num_blocks, namespace) if keys is None else keys
+        parent = keys[num_blocks - 1] if num_blocks else self._namespace_seed(namespace)
+        start = num_blocks * self.block_size
+        return hashlib.blake2b(b"tail" + parent + array("q", token_ids[start:start + length]).tobytes(),
+                               digest_size=16).digest()
+
     def match(self, token_ids: list[int], limit: int, need_hidden: bool, namespace: str = "") -> list[Block]:
         """The cached blocks that open token_ids in `namespace`, covering at most `limit` tokens
-        (and, when asked, only blocks that kept their hidden states). Counted: all of token_ids
-        looked up, the blocks' tokens served."""
+        (and, when asked, only blocks that kept their hidden states): whole blocks, then the
+        longest tail that follows them, if one is held (tails have no hidden states). Counted:
+        all of token_ids looked up, the blocks' tokens served."""
         keys = self.keys(token_ids, limit // self.block_size, namespace)
         found: list[Block] = []
         for key in keys:
@@ -93,9 +113,18 @@ class PrefixCache:
             if block is None or (need_hidden and block.hidden is None):
                 break
             found.append(block)
-        self._touch(keys[:len(found)])
+        used = keys[:len(found)]
+        if not need_hidden:
+            start = len(found) * self.block_size
+            for length in range(min(self.block_size - 1, limit - start), 0, -1):
+                key = self.tail_key(token_ids, len(found), length, namespace, keys)
+                if key in self._blocks:
+                    found.append(self._blocks[key])
+                    used.append(key)
+                    break
+        self._touch(used)
         self.stats.queried_tokens += len(token_ids)
-        self.stats.hit_tokens += len(found) * self.block_size
+        self.stats.hit_tokens += sum(block.num_tokens for block in found)
         return found
 
     def missing(self, keys: list[bytes], need_hidden: bool) -> list[int]:
