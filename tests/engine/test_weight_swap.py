@@ -1,9 +1,9 @@
 """A keep-mode weight swap mid-generation (docs/weight-versions.md): every running sequence feeds
 its whole prefix again under the new weights and goes on. Each token's logprob equals the
 re-scoring of its prefix under the weights its span names, bit for bit: before the swap the old
-ones, after it the new ones; greedy and seeded, alone and in a batch, on a tiny GGUF pair, on
-the default model (its output norm scaled: a second file of the same shapes) and on a pair of
-tiny Hugging Face checkpoints."""
+ones, after it the new ones; greedy and seeded, alone and in a batch (of 16 on the default
+model), on a tiny GGUF pair, on both packaged models (each file with its output norm scaled: a
+second file of the same shapes) and on a pair of tiny Hugging Face checkpoints."""
 
 import shutil
 
@@ -13,9 +13,11 @@ import pytest
 
 from batchproof.engine.config import EngineConfig
 from batchproof.engine.engine import Engine
+from batchproof.engine.model.known_models import resolve_model
 from batchproof.engine.sampling_params import SamplingParams
 from batchproof.engine.sequence import VersionSpan
 from batchproof.engine.weight_versions import default_version, spans
+from tests.helpers.second_model import gemma_package  # noqa: F401 (a fixture)
 from tests.helpers.tiny_gguf import TinySpec, write_tiny_gguf
 
 PROMPTS = ["hello the world", "and then 123 more", "the hell and", "in an and"]
@@ -67,6 +69,23 @@ def rescored(engine: Engine, prompt: list[int], reply: list[int]) -> list[float]
     out = engine.generate({"score": (prompt + reply, SamplingParams(max_tokens=0, prompt_logprobs=0,
                                                                     cache_namespace=None))})["score"]
     return [r.logprob for r in out[0].prompt_records[len(prompt):]]
+
+
+def chat_prompts(engine: Engine, batch: int) -> list[list[int]]:
+    """`batch` chat prompts: PROMPTS in turn, each numbered (so no two are the same)."""
+    return [engine.chat_prompt_ids([{"role": "user", "content": f"{PROMPTS[i % len(PROMPTS)]} {i}"}])
+            for i in range(batch)]
+
+
+def scaled_copy(served, directory):
+    """The file with its output norm scaled by 1.25: other numbers, the same shapes."""
+    changed = directory / "changed.gguf"
+    shutil.copyfile(served, changed)
+    reader = gguf.GGUFReader(changed, "r+")
+    norm = next(t for t in reader.tensors if t.name == "output_norm.weight")
+    norm.data[:] = (norm.data * np.float32(1.25)).astype(norm.data.dtype)
+    reader.data.flush()
+    return served, changed
 
 
 def check_swap(pair: "Pair", prompts: list[list[int]], kind: str) -> None:
@@ -180,28 +199,31 @@ def test_spans_from_marks():
 @pytest.fixture(scope="module")
 def default_pair(tmp_path_factory):
     """The default model's file, and a copy with its output norm scaled (same shapes, other weights)."""
-    from batchproof.engine.model.known_models import resolve_model
-
-    served = resolve_model(None)
-    changed = tmp_path_factory.mktemp("default-swap") / "changed.gguf"
-    shutil.copyfile(served, changed)
-    reader = gguf.GGUFReader(changed, "r+")
-    norm = next(t for t in reader.tensors if t.name == "output_norm.weight")
-    norm.data[:] = (norm.data * np.float32(1.25)).astype(norm.data.dtype)
-    reader.data.flush()
-    return served, changed
+    return scaled_copy(resolve_model(None), tmp_path_factory.mktemp("default-swap"))
 
 
 @pytest.fixture(scope="module")
 def default(default_pair) -> Pair:
-    return Pair(*default_pair, max_prefill_tokens=16)
+    return Pair(*default_pair, max_batch=16, max_prefill_tokens=16)
 
 
 @pytest.mark.parametrize("kind", ["greedy", "seeded"])
-@pytest.mark.parametrize("batch", [1, 4])
+@pytest.mark.parametrize("batch", [1, 16])
 def test_default_model_keep_swap(default, kind, batch):
-    prompts = [default.swapped.chat_prompt_ids([{"role": "user", "content": p}]) for p in PROMPTS[:batch]]
-    check_swap(default, prompts, kind)
+    check_swap(default, chat_prompts(default.swapped, batch), kind)
+
+
+@pytest.fixture(scope="module")
+def gemma(gemma_package, tmp_path_factory) -> Pair:  # noqa: F811 (the fixture imported above)
+    """The second packaged model (Gemma 3 270M, Q4_K_M) and its scaled copy."""
+    return Pair(*scaled_copy(resolve_model("gemma3-270m"), tmp_path_factory.mktemp("gemma-swap")),
+                max_prefill_tokens=16)
+
+
+@pytest.mark.parametrize("kind", ["greedy", "seeded"])
+def test_gemma_keep_swap(gemma, kind):
+    prompts = [gemma.swapped.tokenizer.encode(p, add_bos=True) for p in PROMPTS]  # a base model: no template
+    check_swap(gemma, prompts, kind)
 
 
 @pytest.fixture(scope="module")
