@@ -251,6 +251,9 @@ def test_a_tail_follows_the_whole_blocks_and_is_never_a_whole_block():
     assert [b.num_tokens for b in cache.match(list(range(10)), 6, need_hidden=False)] == [4]  # past the limit
     assert [b.num_tokens for b in cache.match(list(range(10)), 9, need_hidden=True)] == [4]  # tails keep no hidden
     assert tail not in cache.keys(list(range(8)), 2) and cache.tail_key(tokens, 1, 3, namespace="x") != tail
+    short = cache.tail_key([5, 6], 0, 2)  # a tail with no whole block before it is never served
+    cache.insert([short], {0: Block(torch.zeros(2, 1, 2, 3), torch.zeros(2, 1, 2, 3), None)})
+    assert cache.match([5, 6, 7], 2, need_hidden=False) == []
 
 
 def test_the_next_turn_finds_every_position_the_last_one_computed(warm, cold):

@@ -130,7 +130,7 @@ class CacheManager:
         num_whole, tail = divmod(len(tokens), size)
         keys = cache.keys(tokens, num_whole, namespace)
         blocks = {i: self._block(seq.slot, i, None) for i in cache.missing(keys, need_hidden=False)}
-        if tail:  # stored with the whole blocks, so the prefix's touch orders it deepest
+        if tail and num_whole:  # stored with the whole blocks, so the prefix's touch orders it deepest
             keys.append(cache.tail_key(tokens, num_whole, tail, namespace, keys))
             if cache.missing(keys[-1:], need_hidden=False):
                 k, v = self.kv.read_block(seq.slot, num_whole * size, tail)

@@ -9,8 +9,9 @@ property (torch, whose BLAS blocks a row by the row count) do not get a cache.
 A block holds `block_size` consecutive positions and is keyed by a hash of every token up
 to its end, chained from a seed naming the model and its arithmetic, so a key names one
 prefix of one model. A sequence that leaves also keeps its last, partial block (a tail of
-1..block_size-1 positions, keyed apart from whole blocks): the next turn of a conversation
-then finds every position the previous turn computed, not only its whole blocks. Blocks are copied into a sequence's own slot at admission (and out
+1..block_size-1 positions after at least one whole block, keyed apart from whole blocks): the
+next turn of a conversation then finds every position the previous turn computed, not only its
+whole blocks. Blocks are copied into a sequence's own slot at admission (and out
 of it after prefill and at retirement): a running sequence never reads the cache, so
 eviction can never pull a block from under it. Why copies and not a paged cache: a copy
 of a 1,000-token prefix is ~46 MB for the default model, a few milliseconds against the
@@ -114,7 +115,9 @@ class PrefixCache:
                 break
             found.append(block)
         used = keys[:len(found)]
-        if not need_hidden:
+        # A tail only follows a whole block: below 16 tokens nothing is shared (a one-token tail
+        # would make every prompt opening with a common word a hit, and say so in cached_tokens).
+        if found and not need_hidden:
             start = len(found) * self.block_size
             for length in range(min(self.block_size - 1, limit - start), 0, -1):
                 key = self.tail_key(token_ids, len(found), length, namespace, keys)
