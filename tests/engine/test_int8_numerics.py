@@ -1,7 +1,8 @@
 """The int8 numerics (--numerics int8, quant_int8.h): three routes to one answer.
 
 - Every instruction set gives the same bits (the portable twin spells the definition out in
-  scalar C; the AVX2 twin sums the integers another way and vectorizes across outputs).
+  scalar C; the AVX2 twin and the AVX-512 VNNI twin sum the integers other ways and vectorize
+  across outputs), at every row count and at the integer sums' bounds.
 - The portable twin is the definition: a reference written here from quant_int8.h's text alone
   (exact rationals, each float operation rounded once to float32) gives the same bits.
 - A row's result is the same alone, at any position among other rows, and at any thread count.
@@ -13,6 +14,7 @@ infinity, one NaN, and values at rounding ties.
 """
 
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,7 +24,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from batchproof.engine.model.ops import kernels
 from batchproof.engine.model.weights import RawTensor, quant_weight
 from tests.engine.test_quant_register_path import REGISTER_TYPES, edge_blocks, shape_of
-from tests.helpers.quant_blocks import bits, dequantized, random_blocks
+from tests.helpers.quant_blocks import SCALE_OFFSETS, bits, dequantized, random_blocks
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="the kernels are not built here")
 
@@ -67,6 +69,76 @@ def test_every_instruction_set_gives_the_same_bits(qtype):
         outs = [run(qtype, raw, x, level) for level in LEVELS]
         for level, out in zip(LEVELS[1:], outs[1:]):
             assert torch.equal(bits(out), bits(outs[0])), f"{m} rows: level {level} differs from level 2"
+
+
+def cpu_has_vnni() -> bool:
+    """AVX-512 VNNI on this CPU, as Linux lists its flags (the kernels ask the CPU itself: isa.c's
+    bp_isa_vnni); elsewhere we cannot tell, and the tests that need it skip."""
+    try:
+        return "avx512_vnni" in Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+
+
+needs_vnni = pytest.mark.skipif(not (kernels.available() and kernels.isa_level() >= 2 and cpu_has_vnni()),
+                                reason="no AVX-512 VNNI here: the AVX-512 level runs the AVX2 twin's tiles")
+
+
+def odd_shape(qtype: Q) -> tuple[int, int]:
+    """101 outputs (a ragged last tile), and an odd number of blocks: 3 super-blocks, or 7 blocks of 32."""
+    return 101, 768 if qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K) else 224
+
+
+@needs_vnni
+@pytest.mark.parametrize("qtype", REGISTER_TYPES, ids=lambda t: t.name)
+def test_the_vnni_twin_is_the_portable_twin_at_every_row_count(qtype):
+    """1 to 20 rows (a tile call takes 16: 17-20 make a second of 1-4), against the portable twin
+    and the AVX2 twin, bit for bit."""
+    raw = edge_blocks(qtype, *odd_shape(qtype), seed=int(qtype) + 13)
+    x = hostile_x(20, raw.shape[1], seed=int(qtype))
+    for m in range(1, 21):
+        vnni, avx2, portable = (run(qtype, raw, x[:m], level) for level in (2, 1, 0))
+        assert torch.equal(bits(vnni), bits(portable)), f"{m} rows: the VNNI twin differs from the portable"
+        assert torch.equal(bits(avx2), bits(portable)), f"{m} rows: the AVX2 twin differs from the portable"
+    tail = x[3:20]  # the hostile rows elsewhere in the tile
+    assert torch.equal(bits(run(qtype, raw, tail, 2)), bits(run(qtype, raw, tail, 0)))
+
+
+def extreme_blocks(qtype: Q, rows: int, k: int) -> RawTensor:
+    """Every quant at an end of its range (the largest unsigned, or Q8_0's -128 and 127, Q6_K's
+    -32 and 31), row by row; K-quant sub-block scales at theirs (6-bit 63, int8 -128 and 127); the
+    float16 scales 1 and -1, so each output is the integer sum itself, up to the x scales."""
+    block_elems, block_bytes = GGML_QUANT_SIZES[qtype]
+    blocks = np.empty((rows, k // block_elems, block_bytes), dtype=np.uint8)
+    for r in range(rows):
+        fill = {Q.Q8_0: (0x80, 0x7F), Q.Q6_K: (0x00, 0xFF)}.get(qtype, (0xFF, 0x00))[r % 2]
+        blocks[r] = fill if r % 4 < 2 or qtype not in (Q.Q8_0, Q.Q6_K) else 0xFF - fill
+        for offset in SCALE_OFFSETS[qtype]:
+            blocks[r, :, offset:offset + 2] = np.array([1.0 if r % 3 else -1.0], dtype=np.float16).view(np.uint8)
+        if qtype in (Q.Q4_K, Q.Q5_K):
+            blocks[r, :, 4:16] = 0xFF  # every sub-block's scale and min 63
+        if qtype == Q.Q6_K:
+            blocks[r, :, 192:208] = 0x80 if r % 2 else 0x7F
+    return RawTensor(np.ascontiguousarray(blocks.reshape(rows, -1)), int(qtype), (rows, k))
+
+
+@pytest.mark.parametrize("qtype", REGISTER_TYPES, ids=lambda t: t.name)
+def test_every_instruction_set_agrees_at_the_integer_bounds(qtype):
+    """The largest integer sums each type can make (every |q_x| 127, of one sign or alternating,
+    against quants at their ends): no twin overflows or saturates; the definition's answer."""
+    k = 512 if qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K) else 128
+    raw = extreme_blocks(qtype, 12, k)
+    x = torch.ones(6, k)
+    x[1] = -1.0
+    x[2, 1::2] = -1.0
+    x[3, 0::2] = -1.0
+    x[4, :k // 2] = -1.0
+    x[5, 16::32] = 0.5  # one q of 64 a block, the rest 127
+    expected = reference(qtype, raw, x)
+    for level in LEVELS:
+        if kernels.isa_level() >= level:
+            got = run(qtype, raw, x, level)
+            assert torch.equal(bits(got), bits(expected)), f"level {level}"
 
 
 @pytest.mark.parametrize("qtype", REGISTER_TYPES, ids=lambda t: t.name)

@@ -26,8 +26,9 @@ static int isa_cap = BP_ISA_AVX512; /* lowered by tests, to run the AVX2 and por
 static int detected_level = -1; /* the CPU's, found once (the matmuls ask per call) */
 
 /* 2: AVX-512 F, VL, DQ and BW (16-lane registers holding two 8-lane sums where that pays, the
- * AVX2 code with 32 registers elsewhere), 1: AVX2 + FMA + F16C, 0: portable. Every level
- * gives the same bits; only the speed differs. */
+ * AVX2 code with 32 registers elsewhere; the int8 numerics' tiles also ask for VNNI,
+ * bp_isa_vnni below), 1: AVX2 + FMA + F16C, 0: portable. Every level gives the same bits; only
+ * the speed differs. */
 int bp_isa_level(void) {
     if (detected_level < 0) {
         int level = BP_ISA_PORTABLE;
@@ -47,3 +48,18 @@ int bp_isa_level(void) {
 }
 
 void bp_cap_isa_level(int cap) { isa_cap = cap; }
+
+#ifdef BP_X86
+static int detected_vnni = -1;
+
+/* AVX-512 VNNI (vpdpbusd: the int8 numerics' integer dots, quant_int8_avx512.c), on top of the
+ * AVX-512 level: a CPU may have that level without it. Declared in quant_int8.h; asked only
+ * where BP_PICK has chosen the AVX-512 level, so the cap still decides. */
+BP_INTERNAL int bp_isa_vnni(void) {
+    if (detected_vnni < 0) {
+        __builtin_cpu_init();
+        detected_vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") ? 1 : 0;
+    }
+    return detected_vnni;
+}
+#endif

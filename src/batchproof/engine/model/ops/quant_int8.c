@@ -257,7 +257,9 @@ itile_fn bp_itile_portable(int type) {
  * repacked and take the float path (bp_linear_q), whose bits are the same in either numerics. */
 void bp_linear_q_int8(const float *x, const uint8_t *w, int type, int64_t row_bytes, const float *b, float *y,
                       int64_t ldy, int64_t M, int64_t N, int64_t K, int accumulate, int num_threads) {
-    itile_fn tile = BP_PICK(bp_itile_avx2(type), bp_itile_avx2(type), bp_itile_portable(type));
+    /* the AVX-512 level's tiles need VNNI as well; without it, the AVX2 twin's (the same bits) */
+    itile_fn tile = BP_PICK(bp_isa_vnni() ? bp_itile_avx512(type) : bp_itile_avx2(type), bp_itile_avx2(type),
+                            bp_itile_portable(type));
     if (!tile || K % (QB * int8_groups(type))) {
         bp_linear_q(x, w, type, row_bytes, b, y, ldy, M, N, K, accumulate, num_threads);
         return;
@@ -266,7 +268,7 @@ void bp_linear_q_int8(const float *x, const uint8_t *w, int type, int64_t row_by
     qx_rows qx = {aligned_alloc(64, (size_t)((M * K + 63) / 64 * 64)), malloc((size_t)(M * nb) * 4),
                   malloc((size_t)(M * nb) * 4), malloc((size_t)(M * nb) * 12), M, K, nb};
     /* Each row's scales depend on that row only, whichever twin quantizes it. */
-    BP_PICK(bp_quantize_x_avx2, bp_quantize_x_avx2, bp_quantize_x_portable)(x, M, K, &qx);
+    BP_PICK(bp_quantize_x_avx512, bp_quantize_x_avx2, bp_quantize_x_portable)(x, M, K, &qx);
     const int64_t num_tiles = (N + IW - 1) / IW;
     /* Threads split outputs, never K: each output is summed by exactly one thread. */
 #pragma omp parallel for schedule(static) num_threads(num_threads)

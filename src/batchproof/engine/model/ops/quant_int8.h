@@ -91,12 +91,18 @@ typedef void (*quantize_fn)(const float *x, int64_t M, int64_t K, qx_rows *qx);
  * records start at w, over all K: step 3's accumulator. */
 typedef void (*itile_fn)(const qx_rows *x, int64_t m0, int mt, const uint8_t *w, float *sums);
 
-/* The twins: quant_int8.c (portable), quant_int8_avx2.c (AVX2; the AVX-512 level runs it too). */
+/* The twins: quant_int8.c (portable), quant_int8_avx2.c (AVX2), quant_int8_avx512.c (AVX-512:
+ * its quantize needs F + BW, its tiles VNNI too, so an AVX-512 CPU without VNNI runs the AVX2
+ * twin's tiles; bp_isa_vnni, isa.c, says which). */
 BP_INTERNAL void bp_quantize_x_portable(const float *x, int64_t M, int64_t K, qx_rows *qx);
 BP_INTERNAL itile_fn bp_itile_portable(int type);
 #ifdef BP_X86
 BP_INTERNAL void bp_quantize_x_avx2(const float *x, int64_t M, int64_t K, qx_rows *qx);
 BP_INTERNAL itile_fn bp_itile_avx2(int type);
+BP_INTERNAL void bp_quantize_x_avx512(const float *x, int64_t M, int64_t K, qx_rows *qx);
+BP_INTERNAL itile_fn bp_itile_avx512(int type);
+/* Whether this CPU has AVX-512 VNNI (vpdpbusd); asked only at the AVX-512 level (BP_PICK's first choice). */
+BP_INTERNAL int bp_isa_vnni(void);
 #endif
 
 /* Q4_K / Q5_K: the 6-bit scale and min of group g from the 12 packed bytes (scale_min_k4). */
