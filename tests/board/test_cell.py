@@ -34,3 +34,9 @@ def test_a_control_is_caught_only_for_batching_in_both_runs() -> None:
     assert not is_caught({**cell([run("NOT ADMISSIBLE", reasons=identity)] * 2)})
     assert not is_caught({**cell([run("NOT ADMISSIBLE", reasons=drift), run("NOT ADMISSIBLE", reasons=identity)])})
     assert not is_caught({**cell([run("ADMISSIBLE")] * 2)})
+    assert not is_caught({**cell([run("NOT ADMISSIBLE", reasons=drift), run("ADMISSIBLE")])})
+    # Both runs fail for batching, their bands differently (one formed c=16 whole, one not): caught.
+    split = cell([run("NOT ADMISSIBLE", "UNMEASURABLE", drift + ("S3: c=16 m_formed 8 != c",)),
+                  run("NOT ADMISSIBLE", "PASS", drift)])
+    assert split["verdict"] == "UNSTABLE" and is_caught(split)
+    assert not is_caught({**cell([run("NOT ADMISSIBLE", reasons=drift)])})  # one run is not two
