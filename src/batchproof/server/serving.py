@@ -149,12 +149,22 @@ async def reply(request: Request, submitted: Submitted, timeout_s: float, is_str
     if is_streamed:
         return StreamingResponse(sse_events(stream, timeout_s, formatter), media_type="text/event-stream",
                                  headers=submitted.headers)
+    by_choice = await collect_choices(request, stream, timeout_s)
+    if by_choice is None:
+        return Response(status_code=CLIENT_GONE)
+    return JSONResponse(formatter.whole([by_choice[i] for i in sorted(by_choice)]), headers=submitted.headers)
+
+
+async def collect_choices(request: Request, stream: AsyncIterator[Delta],
+                          timeout_s: float) -> dict[int, list[RequestOutput]] | None:
+    """An unstreamed request's deltas by choice index; None if the client hung up. A timeout, or a
+    choice that ended in an engine error, raises its APIError."""
     try:
         deltas = await collect(request, stream)
     except TimeoutError:
         raise timeout_error(timeout_s) from None
     if deltas is None:
-        return Response(status_code=CLIENT_GONE)
+        return None
     by_choice: dict[int, list[RequestOutput]] = {}
     for index, out in deltas:
         by_choice.setdefault(index, []).append(out)
@@ -162,7 +172,7 @@ async def reply(request: Request, submitted: Submitted, timeout_s: float, is_str
         error = engine_error(outputs[-1], timeout_s)
         if error is not None:
             raise error
-    return JSONResponse(formatter.whole([by_choice[i] for i in sorted(by_choice)]), headers=submitted.headers)
+    return by_choice
 
 
 def _miscounted(counts: dict[int, int], index: int, num: int, out: RequestOutput,

@@ -12,14 +12,13 @@ from pydantic import Field, StrictFloat, StrictInt
 from starlette.concurrency import run_in_threadpool
 
 from batchproof.engine.rollout_scoring import SCORING_PARAMS, completion_scores
-from batchproof.engine.sequence import RequestOutput
 from batchproof.notary.metrics import Scored, Settings, report
 from batchproof.notary.records import RecordError, Rollout, parse_record
 from batchproof.server.auth import tenant
 from batchproof.server.errors import APIError
 from batchproof.server.info import numerics_id
 from batchproof.server.plan import Choice, Plan, cache_namespace
-from batchproof.server.serving import CLIENT_GONE, collect, engine_error, submit, timeout_error
+from batchproof.server.serving import CLIENT_GONE, collect_choices, submit
 from batchproof.server.state import ServerState, parse_body
 from batchproof.server.unsupported_fields import Strict
 
@@ -77,23 +76,12 @@ async def verify_rollouts(request: Request) -> Response:
     state: ServerState = request.app.state.server
     rollouts, settings, plan = await run_in_threadpool(_parse, await request.body(), state, tenant(request))
     submitted = await submit(state, plan, "verify")
-    timeout_s = state.config.request_timeout_s
-    try:
-        deltas = await collect(request, submitted.stream)
-    except TimeoutError:
-        raise timeout_error(timeout_s) from None
-    if deltas is None:
+    by_choice = await collect_choices(request, submitted.stream, state.config.request_timeout_s)
+    if by_choice is None:
         return Response(status_code=CLIENT_GONE)
-    by_choice: dict[int, list[RequestOutput]] = {}
-    for index, out in deltas:
-        by_choice.setdefault(index, []).append(out)
     scores = []
     for i, rollout in enumerate(rollouts):
-        outputs = by_choice[i]
-        error = engine_error(outputs[-1], timeout_s)
-        if error is not None:
-            raise error
-        records = next(o.prompt_records for o in outputs if o.prompt_records is not None)
+        records = next(o.prompt_records for o in by_choice[i] if o.prompt_records is not None)
         scored = completion_scores(len(rollout.prompt_token_ids), len(rollout.completion_token_ids), records)
         scores.append(Scored(scored.logprobs, scored.top))
     info = state.backend.engine.info()
