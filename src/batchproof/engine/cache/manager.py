@@ -3,9 +3,9 @@ and the prefix cache, and answers every question about them.
 
 A slot is taken and given back here only. Given back, the prefix cache first keeps the whole
 blocks of prompt and reply its sequence computed, and the partial block after them, then the
-slot's pages go back to the OS, before a newcomer given the slot writes it. Around a prompt's prefill: before it, what the
-cache holds of the prompt is copied into the slot; after it, the prompt's new whole blocks
-are kept. A request with a cache_namespace of None neither reuses nor leaves prefixes; with
+slot's pages go back to the OS, before a newcomer given the slot writes it. Around a prompt's
+prefill: before it, what the cache holds of the prompt is copied into the slot; after it, the
+prompt's new whole blocks are kept. A request with a cache_namespace of None neither reuses nor leaves prefixes; with
 no prefix cache (off, or a backend that cannot promise the bits) only the slots are managed."""
 
 from dataclasses import dataclass, field
