@@ -248,4 +248,6 @@ def test_keep_swap_mid_generation_matches_rescoring_on_each_side(live, engine, w
     for (_, _, logprobs, _, _), cut, new, old in zip(rollouts, cuts, under_new, under_old, strict=True):
         assert logprobs[:cut] == old[:cut]
         assert logprobs[cut:] == new[cut:]
-        assert old[cut:] != new[cut:]  # the swap changed the numbers
+        # The swap changed the numbers, where the reply has tokens after it: in a batch of 16 a
+        # request admitted early may finish (drafts accepted) before the swap lands.
+        assert cut == NUM_TOKENS or old[cut:] != new[cut:]
