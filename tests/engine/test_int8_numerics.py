@@ -104,6 +104,21 @@ def test_the_vnni_twin_is_the_portable_twin_at_every_row_count(qtype):
     assert torch.equal(bits(run(qtype, raw, tail, 2)), bits(run(qtype, raw, tail, 0)))
 
 
+@pytest.mark.skipif(not (kernels.available() and kernels.isa_level() >= 2), reason="no AVX-512 here")
+@pytest.mark.parametrize("qtype", REGISTER_TYPES, ids=lambda t: t.name)
+def test_an_avx512_cpu_without_vnni_gives_the_portable_twin_s_bits(qtype):
+    """What an AVX-512 CPU without VNNI runs (AVX-512's quantize of x, the AVX2 twin's tiles), here
+    with VNNI turned off whether the CPU has it or not, against the portable twin."""
+    raw = edge_blocks(qtype, *odd_shape(qtype), seed=int(qtype) + 17)
+    x = hostile_x(20, raw.shape[1], seed=int(qtype) + 1)
+    kernels.allow_vnni(False)
+    try:
+        for m in (1, 2, 3, 4, 5, 8, 16, 17, 20):
+            assert torch.equal(bits(run(qtype, raw, x[:m], 2)), bits(run(qtype, raw, x[:m], 0))), f"{m} rows"
+    finally:
+        kernels.allow_vnni(True)
+
+
 def extreme_blocks(qtype: Q, rows: int, k: int) -> RawTensor:
     """Every quant at an end of its range (the largest unsigned, or Q8_0's -128 and 127, Q6_K's
     -32 and 31), row by row; K-quant sub-block scales at theirs (6-bit 63, int8 -128 and 127); the

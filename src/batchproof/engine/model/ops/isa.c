@@ -22,6 +22,7 @@ const char *bp_numerics_version(void) { return NUMERICS_VERSION; }
 /* ---------------- instruction set: speed only, never bits ---------------- */
 
 static int isa_cap = BP_ISA_AVX512; /* lowered by tests, to run the AVX2 and portable paths here too */
+static int vnni_allowed = 1;        /* likewise (bp_allow_vnni) */
 
 static int detected_level = -1; /* the CPU's, found once (the matmuls ask per call) */
 
@@ -60,6 +61,10 @@ BP_INTERNAL int bp_isa_vnni(void) {
         __builtin_cpu_init();
         detected_vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") ? 1 : 0;
     }
-    return detected_vnni;
+    return detected_vnni && vnni_allowed;
 }
 #endif
+
+/* Tests turn VNNI off to run what an AVX-512 CPU without it runs (AVX-512 quantize, the AVX2
+ * twin's tiles) on one that has it; like the cap, it changes the speed only. */
+void bp_allow_vnni(int allow) { vnni_allowed = allow; }

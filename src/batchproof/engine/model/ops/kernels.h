@@ -29,6 +29,7 @@
 /* The level in use: the CPU's, at most the cap (tests lower it to run every path here). */
 int bp_isa_level(void);
 void bp_cap_isa_level(int cap);
+void bp_allow_vnni(int allow); /* tests: the int8 tiles of an AVX-512 CPU without VNNI */
 /* The name of the arithmetic: builds that report one version give the same bits. */
 const char *bp_numerics_version(void);
 

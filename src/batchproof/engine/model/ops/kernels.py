@@ -46,6 +46,12 @@ def cap_isa_level(cap: int) -> None:
     _library().bp_cap_isa_level(cap)
 
 
+def allow_vnni(allow: bool) -> None:
+    """Let the int8 tiles use AVX-512 VNNI where the CPU has it (tests turn it off to run what a
+    CPU with AVX-512 and no VNNI runs)."""
+    _library().bp_allow_vnni(int(allow))
+
+
 def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 

@@ -132,8 +132,8 @@ void bp_int8_repack(const uint8_t *src, int type, int64_t row_bytes, int64_t row
                 rec[8 + j] = (uint8_t)m6;
             } else if (type == T_Q6_K) {
                 memcpy(sb + 2 * j, blk + 208, 2);
-                const int16_t pair[2] = {(int16_t)sc[0], (int16_t)sc[1]};
-                memcpy(rec + 4 * j, pair, 4);
+                rec[2 * j] = (uint8_t)(int8_t)sc[0];
+                rec[2 * j + 1] = (uint8_t)(int8_t)sc[1];
             } else {
                 memcpy(rec + 2 * j, blk, 2);
                 if (int8_has_min(type)) memcpy(rec + 16 + 2 * j, blk + 2, 2);
@@ -141,8 +141,15 @@ void bp_int8_repack(const uint8_t *src, int type, int64_t row_bytes, int64_t row
             uint8_t *qs = rec + gh + 4 * j;
             for (int k = 0; k < QB; k++) {
                 const int v = q[k] + (type == T_Q8_0 ? 0 : zero); /* unsigned but Q8_0 */
-                if (int8_nibbles(type)) qs[k / 8 * 32 + k % 4] |= (uint8_t)(v << (k % 8 >= 4 ? 4 : 0));
-                else qs[k / 4 * 32 + k % 4] = (uint8_t)v;
+                const int c = k / 8, e = k % 4, upper = k % 8 >= 4;
+                if (!int8_nibbles(type)) {
+                    qs[k / 4 * 32 + e] = (uint8_t)v;
+                    continue;
+                }
+                qs[c * 32 + e] |= (uint8_t)((v & 0xF) << (upper ? 4 : 0));
+                if (int8_plane_bits(type) == 1) qs[128 + e] |= (uint8_t)((v >> 4 & 1) << (2 * c + upper));
+                if (int8_plane_bits(type) == 2)
+                    qs[128 + 32 * (c / 2) + e] |= (uint8_t)((v >> 4 & 3) << (4 * (c % 2) + 2 * upper));
             }
         }
     }
@@ -150,10 +157,12 @@ void bp_int8_repack(const uint8_t *src, int type, int64_t row_bytes, int64_t row
 
 /* Weight k of row j in a record's quants, less its zero (step 2's integer). */
 static inline int32_t packed_quant(const uint8_t *qs, int type, int j, int k) {
-    if (int8_nibbles(type))
-        return (qs[k / 8 * 32 + 4 * j + k % 4] >> (k % 8 >= 4 ? 4 : 0) & 0xF) - (type == T_Q4_0 ? 8 : 0);
-    const uint8_t byte = qs[k / 4 * 32 + 4 * j + k % 4];
-    return type == T_Q8_0 ? (int8_t)byte : byte - (type == T_Q5_0 ? 16 : type == T_Q6_K ? 32 : 0);
+    if (!int8_nibbles(type)) return (int8_t)qs[k / 4 * 32 + 4 * j + k % 4];
+    const int c = k / 8, e = k % 4, upper = k % 8 >= 4;
+    int v = qs[c * 32 + 4 * j + e] >> (upper ? 4 : 0) & 0xF;
+    if (int8_plane_bits(type) == 1) v |= (qs[128 + 4 * j + e] >> (2 * c + upper) & 1) << 4;
+    if (int8_plane_bits(type) == 2) v |= (qs[128 + 32 * (c / 2) + 4 * j + e] >> (4 * (c % 2) + 2 * upper) & 3) << 4;
+    return v - (type == T_Q4_0 ? 8 : type == T_Q5_0 ? 16 : type == T_Q6_K ? 32 : 0);
 }
 
 /* Row j's dw and mw for block b from the headers: step 3's floats, formed as the definition says. */
@@ -183,8 +192,8 @@ void bp_int8_dequant_rows(const uint8_t *w, int type, int64_t K, const int64_t *
             const uint8_t *sb = tile + int8_sb_at(type, b), *rec = tile + int8_group_at(type, b);
             float dw, mw, *dst = out + r * K + b * QB;
             packed_scales(sb, rec, type, j, &dw, &mw);
-            int16_t sc[2] = {1, 1};
-            if (type == T_Q6_K) memcpy(sc, rec + 4 * j, 4);
+            int32_t sc[2] = {1, 1};
+            if (type == T_Q6_K) { sc[0] = (int8_t)rec[2 * j]; sc[1] = (int8_t)rec[2 * j + 1]; }
             for (int k = 0; k < QB; k++) {
                 const float q = (float)packed_quant(rec + gh, type, j, k);
                 if (type == T_Q6_K) dst[k] = (dw * (float)sc[k >= 16]) * q;
@@ -204,9 +213,9 @@ static void itile_portable(const qx_rows *x, int64_t m0, int mt, const uint8_t *
         const uint8_t *sb = w + int8_sb_at(type, b), *rec = w + int8_group_at(type, b);
         for (int j = 0; j < IW; j++) {
             float dw, mw;
-            int16_t sc[2] = {1, 1};
+            int32_t sc[2] = {1, 1};
             packed_scales(sb, rec, type, j, &dw, &mw);
-            if (type == T_Q6_K) memcpy(sc, rec + 4 * j, 4);
+            if (type == T_Q6_K) { sc[0] = (int8_t)rec[2 * j]; sc[1] = (int8_t)rec[2 * j + 1]; }
             int32_t q[QB];
             for (int k = 0; k < QB; k++) q[k] = packed_quant(rec + gh, type, j, k);
             for (int i = 0; i < mt; i++) {

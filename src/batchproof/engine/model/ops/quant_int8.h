@@ -59,23 +59,33 @@ static inline int int8_has_min(int type) {
  * For each tile of 8 weight rows (the last padded with zero rows): per K-quant super-block a
  * header of its float16 scales, lane j row j's (Q4_K, Q5_K: d[8] then dmin[8]; Q6_K: d[8]); then
  * per group of 32 weights one record: its scales (Q4_0, Q5_0, Q8_0: d[8] float16; Q4_1, Q5_1:
- * d[8] and m[8] float16; Q4_K, Q5_K: the 6-bit sc[8] and m[8] as bytes; Q6_K: (sc_a, sc_b) int16
- * pairs [8]), then the quants, chunk by chunk of 32 bytes whose 4-byte lane j is row j's: 4-bit
- * types (Q4_0, Q4_1, Q4_K) in 4 chunks, chunk c byte e holding weights 8c + e (low nibble) and
- * 8c + 4 + e (high); the others in 8 chunks of one byte a weight, chunk c byte e weight 4c + e
- * (Q5_*, Q6_K unsigned, zero not taken off; Q8_0 signed). One load gives 8 rows' quants for the
- * integer dots with no reduction across lanes, and one load each row's scales, kept as compact
- * as the file's (Q4_K: 0.59 bytes a weight against the file's 0.56); step 3's floats (d * sc,
- * dmin * m) are formed from them as the definition says. */
-static inline int int8_nibbles(int type) { return type == T_Q4_0 || type == T_Q4_1 || type == T_Q4_K; }
+ * d[8] and m[8] float16; Q4_K, Q5_K: the 6-bit sc[8] and m[8] as bytes; Q6_K: (sc_a, sc_b) int8
+ * pairs [8]), then the quants, chunk by chunk of 32 bytes whose 4-byte lane j is row j's. Q8_0
+ * (signed) in 8 chunks of one byte a weight, chunk c byte e weight 4c + e. Every other type
+ * (unsigned, zero not taken off) in 4 chunks of nibbles, chunk c byte e holding the low 4 bits
+ * of weights 8c + e (low nibble) and 8c + 4 + e (high), then its higher bits in a plane: Q5_*
+ * one chunk, byte e bit 2c (+ 1) the fifth bit of weight 8c + e (8c + 4 + e); Q6_K two, chunk p
+ * byte e, for c = 2p + s, bits 4s..4s+1 (4s+2..4s+3) the top two bits of weight 8c + e
+ * (8c + 4 + e). One load gives 8 rows' quants for the integer dots with no reduction across
+ * lanes, a shift, a mask and an or put a plane's bits back above the nibbles, and the bytes a
+ * weight are the file's (Q4_K 0.58 against its 0.56, Q5_0 0.69, Q6_K 0.82): one row of x streams
+ * the weight from memory, so its bytes are its time. Step 3's floats (d * sc, dmin * m) are
+ * formed from the scales as the definition says. */
+static inline int int8_nibbles(int type) { return type != T_Q8_0; }
+/* Bits a weight keeps above its nibble, in the plane after the nibble chunks. */
+static inline int int8_plane_bits(int type) {
+    return type == T_Q5_0 || type == T_Q5_1 || type == T_Q5_K ? 1 : type == T_Q6_K ? 2 : 0;
+}
 static inline int int8_groups(int type) { return type == T_Q4_K || type == T_Q5_K || type == T_Q6_K ? 8 : 1; }
 static inline int64_t int8_sb_header(int type) {
     return type == T_Q4_K || type == T_Q5_K ? 32 : type == T_Q6_K ? 16 : 0;
 }
 static inline int64_t int8_group_header(int type) {
-    return type == T_Q6_K ? 32 : int8_groups(type) > 1 ? 16 : int8_has_min(type) ? 32 : 16;
+    return int8_groups(type) > 1 ? 16 : int8_has_min(type) ? 32 : 16;
 }
-static inline int64_t int8_group_bytes(int type) { return int8_group_header(type) + (int8_nibbles(type) ? 128 : 256); }
+static inline int64_t int8_group_bytes(int type) {
+    return int8_group_header(type) + (int8_nibbles(type) ? 128 + 32 * int8_plane_bits(type) : 256);
+}
 static inline int64_t int8_sb_bytes(int type) { return int8_sb_header(type) + int8_groups(type) * int8_group_bytes(type); }
 /* Where block (group) b's record starts in a tile; its super-block header is at b's super-block start. */
 static inline int64_t int8_group_at(int type, int64_t b) {

@@ -75,11 +75,28 @@ __attribute__((target("avx2,fma,f16c"))) void bp_quantize_x_avx2(const float *x,
         }
 }
 
+/* Bits 4.. of a nibble type's weights, from its plane (quant_int8.h), placed above the low and
+ * the high nibbles of chunk c (as the AVX-512 twin: shifts of 16-bit lanes by at most 4, then a
+ * mask that keeps only bits of the same byte). */
+I8 __m256i shift16(__m256i v, const int by) { return by >= 0 ? _mm256_slli_epi16(v, by) : _mm256_srli_epi16(v, -by); }
+I8 void plane_bits(const uint8_t *plane, const int bits, const int c, __m256i *l, __m256i *h) {
+    if (bits == 1) {
+        const __m256i p = _mm256_loadu_si256((const __m256i *)plane), five = _mm256_set1_epi8(0x10);
+        *l = _mm256_or_si256(*l, _mm256_and_si256(shift16(p, 4 - 2 * c), five));
+        *h = _mm256_or_si256(*h, _mm256_and_si256(shift16(p, 3 - 2 * c), five));
+    } else if (bits == 2) {
+        const __m256i p = _mm256_loadu_si256((const __m256i *)(plane + 32 * (c / 2))), two = _mm256_set1_epi8(0x30);
+        *l = _mm256_or_si256(*l, _mm256_and_si256(shift16(p, 4 - 4 * (c % 2)), two));
+        *h = _mm256_or_si256(*h, _mm256_and_si256(shift16(p, 2 - 4 * (c % 2)), two));
+    }
+}
+
 /* Rows 0..R of x (R <= 4, a constant), their int32 lane j: step 2's integer for weight row j, the
  * zero not yet taken off, from the record's quants (8 rows interleaved: no reduction across
- * lanes; each chunk unpacked once for the R rows). int16 partial sums are added before madd
- * only as far as the bounds above allow: 4-bit 8 x 3,810, 5-bit 4 x 7,874, Q6_K 2 x 16,002
- * (each half's own scale), Q8_0 none. */
+ * lanes; each chunk unpacked once for the R rows). A chunk's two nibble products are added in
+ * int16, and chunks' sums only as far as the bounds above allow before madd: 4-bit 4 chunks
+ * (8 x 3,810), 5-bit 2 (4 x 7,874), Q6_K 1 (2 x 16,002, madd with its scale: chunks 0-1 are
+ * weights 0..15, sc_a, 2-3 weights 16..31, sc_b), Q8_0 none. */
 I8 void packed_dot(const uint8_t *qs, const int8_t *const *xq, const int R, const int type, __m256i scales,
                    __m256i *out) {
     const __m256i ones = _mm256_set1_epi16(1), nibble = _mm256_set1_epi8(0x0F);
@@ -88,46 +105,34 @@ I8 void packed_dot(const uint8_t *qs, const int8_t *const *xq, const int R, cons
     __m256i s16[4];
     for (int i = 0; i < R; i++) out[i] = s16[i] = _mm256_setzero_si256();
     if (int8_nibbles(type)) {
-        for (int c = 0; c < 4; c++) {
-            const __m256i v = WB(c), lo = _mm256_and_si256(v, nibble);
-            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
-            for (int i = 0; i < R; i++)
-                s16[i] = _mm256_add_epi16(s16[i], _mm256_add_epi16(_mm256_maddubs_epi16(lo, XB(i, 8 * c)),
-                                                                   _mm256_maddubs_epi16(hi, XB(i, 8 * c + 4))));
-        }
-        for (int i = 0; i < R; i++) out[i] = _mm256_madd_epi16(s16[i], ones);
-    } else if (type == T_Q8_0) {
-        for (int c = 0; c < 8; c++) {
-            const __m256i v = WB(c), a = _mm256_abs_epi8(v);
-            for (int i = 0; i < R; i++)
-                out[i] = _mm256_add_epi32(out[i], _mm256_madd_epi16(_mm256_maddubs_epi16(a, _mm256_sign_epi8(XB(i, 4 * c), v)),
-                                                                    ones));
-        }
-    } else if (type == T_Q6_K) { /* chunks 0-3: weights 0..15 (sc_a), 4-7: 16..31 (sc_b) */
-        /* each lane's pair (sc_a, sc_b) -> (sc_a, sc_a) and (sc_b, sc_b) */
+        const int bits = int8_plane_bits(type), per_madd = bits == 0 ? 4 : bits == 1 ? 2 : 1;
+        /* Q6_K: each lane's pair (sc_a, sc_b) -> (sc_a, sc_a) and (sc_b, sc_b) */
         const __m256i sc_a = _mm256_shuffle_epi8(scales, _mm256_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12,
                                                                           13, 0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12,
                                                                           13, 12, 13));
         const __m256i sc_b = _mm256_shuffle_epi8(scales, _mm256_setr_epi8(2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15,
                                                                           14, 15, 2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10,
                                                                           11, 14, 15, 14, 15));
-        for (int c = 0; c < 8; c += 2) {
-            const __m256i v0 = WB(c), v1 = WB(c + 1);
-            for (int i = 0; i < R; i++) {
-                const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(v0, XB(i, 4 * c)),
-                                                   _mm256_maddubs_epi16(v1, XB(i, 4 * c + 4)));
-                out[i] = _mm256_add_epi32(out[i], _mm256_madd_epi16(p, c < 4 ? sc_a : sc_b));
-            }
-        }
-    } else { /* 5-bit */
-        for (int c = 0; c < 8; c++) {
+        for (int c = 0; c < 4; c++) {
             const __m256i v = WB(c);
-            for (int i = 0; i < R; i++) s16[i] = _mm256_add_epi16(s16[i], _mm256_maddubs_epi16(v, XB(i, 4 * c)));
-            if (c % 4 == 3)
+            __m256i l = _mm256_and_si256(v, nibble), h = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+            plane_bits(qs + 128, bits, c, &l, &h);
+            for (int i = 0; i < R; i++)
+                s16[i] = _mm256_add_epi16(s16[i], _mm256_add_epi16(_mm256_maddubs_epi16(l, XB(i, 8 * c)),
+                                                                   _mm256_maddubs_epi16(h, XB(i, 8 * c + 4))));
+            if (c % per_madd == per_madd - 1)
                 for (int i = 0; i < R; i++) {
-                    out[i] = _mm256_add_epi32(out[i], _mm256_madd_epi16(s16[i], ones));
+                    const __m256i by = type != T_Q6_K ? ones : c < 2 ? sc_a : sc_b;
+                    out[i] = _mm256_add_epi32(out[i], _mm256_madd_epi16(s16[i], by));
                     s16[i] = _mm256_setzero_si256();
                 }
+        }
+    } else { /* Q8_0: signed, so |w| against sign(x, w) */
+        for (int c = 0; c < 8; c++) {
+            const __m256i v = WB(c), a = _mm256_abs_epi8(v);
+            for (int i = 0; i < R; i++)
+                out[i] = _mm256_add_epi32(out[i], _mm256_madd_epi16(_mm256_maddubs_epi16(a, _mm256_sign_epi8(XB(i, 4 * c), v)),
+                                                                    ones));
         }
     }
 #undef WB
@@ -153,7 +158,9 @@ I8 void record_rows(const qx_rows *x, int64_t m0, const int i0, const int R, con
     }
 #undef HALVES
 #undef BYTES
-    const __m256i scales = type == T_Q6_K ? _mm256_loadu_si256((const __m256i *)rec) : _mm256_setzero_si256();
+    /* Q6_K: each lane's int8 pair (sc_a, sc_b) as an int16 pair */
+    const __m256i scales = type == T_Q6_K ? _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)rec))
+                                          : _mm256_setzero_si256();
     const int8_t *xq[4];
     for (int i = 0; i < R; i++) xq[i] = x->q + (m0 + i0 + i) * x->K + b * QB;
     __m256i isum[4];

@@ -73,10 +73,27 @@ __attribute__((target(ZTARGET))) void bp_quantize_x_avx512(const float *x, int64
         }
 }
 
+/* Bits 4.. of a nibble type's weights, from its plane (quant_int8.h), placed above the low and
+ * the high nibbles of chunk c. Shifts of 16-bit lanes by at most 4, then a mask that keeps only
+ * bits of the same byte: no bit crosses from a neighbour. */
+V8 __m256i shift16(__m256i v, const int by) { return by >= 0 ? _mm256_slli_epi16(v, by) : _mm256_srli_epi16(v, -by); }
+V8 void plane_bits(const uint8_t *plane, const int bits, const int c, __m256i *l, __m256i *h) {
+    if (bits == 1) { /* byte bit 2c: weight 8c + e's fifth bit, 2c + 1: 8c + 4 + e's */
+        const __m256i p = _mm256_loadu_si256((const __m256i *)plane), five = _mm256_set1_epi8(0x10);
+        *l = _mm256_or_si256(*l, _mm256_and_si256(shift16(p, 4 - 2 * c), five));
+        *h = _mm256_or_si256(*h, _mm256_and_si256(shift16(p, 3 - 2 * c), five));
+    } else if (bits == 2) { /* chunk c / 2, bits 4s, 4s + 2 (s = c % 2): the top two of each */
+        const __m256i p = _mm256_loadu_si256((const __m256i *)(plane + 32 * (c / 2))), two = _mm256_set1_epi8(0x30);
+        *l = _mm256_or_si256(*l, _mm256_and_si256(shift16(p, 4 - 4 * (c % 2)), two));
+        *h = _mm256_or_si256(*h, _mm256_and_si256(shift16(p, 2 - 4 * (c % 2)), two));
+    }
+}
+
 /* Rows 0..R of x (R <= RMAX, a constant) against a record's quants: into lo[i] and hi[i] (which
  * start at what the caller puts there) the int32 sums, lane j weight row j's, of two halves of
- * the products: Q6_K weights 0..15 and 16..31 (its two scales), the 4-bit types the low and the
- * high nibbles, the others chunks 0-3 and 4-7 (two chains, each half as long). */
+ * the products: Q6_K weights 0..15 and 16..31 (its two scales; chunks 0-1 and 2-3), the other
+ * nibble types the low and the high nibbles, Q8_0 chunks 0-3 and 4-7 (two chains, each half as
+ * long). */
 V8 void packed_dot(const uint8_t *qs, const int8_t *const *xq, const int R, const int type, __m256i *lo,
                    __m256i *hi) {
 #define XB(i, at) _mm256_set1_epi32(*(const int32_t *)(xq[i] + (at))) /* 4 bytes of row i in every lane */
@@ -84,17 +101,23 @@ V8 void packed_dot(const uint8_t *qs, const int8_t *const *xq, const int R, cons
     if (int8_nibbles(type)) {
         const __m256i nibble = _mm256_set1_epi8(0x0F);
         for (int c = 0; c < 4; c++) {
-            const __m256i v = WB(c), l = _mm256_and_si256(v, nibble);
-            const __m256i h = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+            const __m256i v = WB(c);
+            __m256i l = _mm256_and_si256(v, nibble), h = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+            plane_bits(qs + 128, int8_plane_bits(type), c, &l, &h);
             for (int i = 0; i < R; i++) {
-                lo[i] = _mm256_dpbusd_epi32(lo[i], l, XB(i, 8 * c));
-                hi[i] = _mm256_dpbusd_epi32(hi[i], h, XB(i, 8 * c + 4));
+                if (type == T_Q6_K) { /* weights 8c.. 8c + 7: the first half for c < 2 */
+                    __m256i *half = c < 2 ? &lo[i] : &hi[i];
+                    *half = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(*half, l, XB(i, 8 * c)), h, XB(i, 8 * c + 4));
+                } else {
+                    lo[i] = _mm256_dpbusd_epi32(lo[i], l, XB(i, 8 * c));
+                    hi[i] = _mm256_dpbusd_epi32(hi[i], h, XB(i, 8 * c + 4));
+                }
             }
         }
-    } else {
-        const __m256i flip = _mm256_set1_epi8((char)0x80); /* Q8_0: q + 128, unsigned */
+    } else { /* Q8_0: q + 128, unsigned */
+        const __m256i flip = _mm256_set1_epi8((char)0x80);
         for (int c = 0; c < 8; c++) {
-            const __m256i v = type == T_Q8_0 ? _mm256_xor_si256(WB(c), flip) : WB(c);
+            const __m256i v = _mm256_xor_si256(WB(c), flip);
             for (int i = 0; i < R; i++) {
                 if (c < 4) lo[i] = _mm256_dpbusd_epi32(lo[i], v, XB(i, 4 * c));
                 else hi[i] = _mm256_dpbusd_epi32(hi[i], v, XB(i, 4 * c));
@@ -142,10 +165,10 @@ V8 void record_rows(const qx_rows *x, int64_t m0, const int i0, const int R, con
     }
     packed_dot(rec + int8_group_header(type), xq, R, type, lo, hi);
     __m256i sc_a = _mm256_setzero_si256(), sc_b = sc_a;
-    if (type == T_Q6_K) { /* each lane's int16 pair (sc_a, sc_b), sign-extended to int32 */
-        const __m256i scales = _mm256_loadu_si256((const __m256i *)rec);
-        sc_a = _mm256_srai_epi32(_mm256_slli_epi32(scales, 16), 16);
-        sc_b = _mm256_srai_epi32(scales, 16);
+    if (type == T_Q6_K) { /* each lane's int8 pair (sc_a, sc_b), sign-extended to int32 */
+        const __m256i scales = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)rec));
+        sc_a = _mm256_srai_epi32(_mm256_slli_epi32(scales, 24), 24);
+        sc_b = _mm256_srai_epi32(_mm256_slli_epi32(scales, 16), 24);
     }
     for (int i = 0; i < R; i++) {
         const int64_t at = (m0 + i0 + i) * x->nb + b;
