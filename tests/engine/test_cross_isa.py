@@ -318,3 +318,24 @@ def test_the_numerics_version_names_these_bits(isa):
     version = kernels.numerics_version()
     assert version in FINGERPRINTS, f"record {version}'s fingerprint"
     assert hashlib.sha256(at_level(isa, fingerprint)).hexdigest() == FINGERPRINTS[version]
+
+
+@pytest.mark.parametrize("max_isa", ["portable", "avx2"])
+def test_max_isa_runs_that_level_and_changes_no_bit(max_isa, tmp_path):
+    """--max-isa (EngineConfig.max_isa) caps the kernels at load: the engine says which level
+    it runs (/v1/server_info's decode_path), and its numbers are an uncapped engine's."""
+    level = {"portable": 0, "avx2": 1}[max_isa]
+    if kernels.isa_level() < level:
+        pytest.skip(f"this CPU has no {max_isa}")
+    path = tmp_path / "mixed.gguf"
+    write_tiny_gguf(path, TINY_MODELS["mixed-quant"])
+    prompts = [list(range(3, 3 + n)) for n in (2, 9)]
+    try:
+        capped = Engine(EngineConfig(model_path=path, device="cpu", max_batch=4, max_isa=max_isa))
+        assert kernels.isa_level() == level
+        assert capped.model.ops.decode_path.startswith(f"batchproof-{kernels.ISA_NAMES[level]} ")
+        got = signature(capped, prompts, 5)
+    finally:
+        kernels.cap_isa_level(2)
+    uncapped = Engine(EngineConfig(model_path=path, device="cpu", max_batch=4))
+    assert signature(uncapped, prompts, 5) == got

@@ -57,6 +57,12 @@ class EngineConfig:
                           "approximation; equally batch-invariant; its own numerics_id). int8 needs native "
                           "weights on our CPU kernels"},
     )
+    max_isa: Literal["auto", "avx512", "avx2", "portable"] = field(
+        default="auto",
+        metadata={"help": "the highest instruction set our CPU kernels use (auto: the best this CPU has): every "
+                          "level gives the same bits, so this changes speed only; to measure what a CPU with "
+                          "less runs, or to show replicas on different levels agree"},
+    )
     prefix_cache: bool = field(
         default=True,
         metadata={"help": "reuse the keys and values of prompt prefixes already computed (bitwise the same "

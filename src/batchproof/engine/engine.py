@@ -88,7 +88,8 @@ class Engine:
         started = time.perf_counter()
         hand_back_large_blocks()
         self.model_path = resolve_model(config.model_path)
-        ops = choose_ops(self.device, self.dtype, config.is_batch_invariant, self.num_threads, config.numerics)
+        ops = choose_ops(self.device, self.dtype, config.is_batch_invariant, self.num_threads, config.numerics,
+                         config.max_isa)
         # Native weights need our kernels; the torch backend (a GPU, no compiler, or
         # invariance off) multiplies float tensors, so it always gets them dequantized.
         self.weights = config.weights if isinstance(ops, KernelOps) else "float32"
