@@ -175,6 +175,38 @@ def test_under_a_json_schema_every_position_is_masked_as_plain_decoding_masks_it
         json.loads("".join(o.text for o in spec))
 
 
+ODD_KEYS = {"type": "object", "properties": {"zq_tally_of_gulls": {"type": "integer"}, "zq_wind": {"type": "integer"}},
+            "required": ["zq_tally_of_gulls", "zq_wind"], "additionalProperties": False}
+
+
+def test_a_grammar_s_forced_tokens_are_offered_as_a_draft(engine):
+    """After its mask, a grammar says which tokens no other choice could follow: a JSON schema's
+    first key, its quotes and colon; the drafter proposes them first, with no wait, and they say
+    nothing about how well the reply copies (the acceptance estimate is left as it was)."""
+    from batchproof.engine.grammar.state import GrammarState
+    state = GrammarState(engine.tokenizer, grammars.json_schema(ODD_KEYS).grammar)
+    state.allowed(10.0)  # the first mask (and what it forces)
+    forced = state.forced(10.0)
+    assert "zq_tally_of_gulls" in engine.tokenizer.decode(forced)
+    drafter = Drafter([1, 2, 3], 15)
+    drafter._wait = 5  # as after misses: a lookup draft would wait
+    assert drafter.propose([], room=4, forced=forced) == forced[:4] and drafter.num_forced == min(4, len(forced))
+    before = drafter.acceptance
+    drafter.observe(drafter.num_forced, drafter.num_forced)
+    assert drafter.acceptance == before and drafter.num_forced == 0
+
+
+def test_keys_found_nowhere_in_the_prompt_are_drafted_from_the_grammar_bitwise(engine, plain):
+    """A schema's keys are in no prompt (the server does not write them there): prompt lookup has
+    nothing to match, the grammar's forced tokens are the drafts, accepted, and the reply is
+    plain decoding's, bit for bit."""
+    ids = chat(engine, "Count the gulls and the wind, as JSON.")
+    params = greedy(40, constraint=grammars.json_schema(ODD_KEYS))
+    spec = alone(engine, ids, params)
+    assert signature(spec) == signature(alone(plain, ids, params))
+    assert spec[-1].num_accepted_tokens >= 8  # the two keys' tokens, at least
+
+
 def test_penalties_read_the_tokens_accepted_before_each_position(engine, plain):
     ids = chat(engine, EDIT)
     params = SamplingParams(temperature=0.0, max_tokens=48, top_logprobs=TOP, repetition_penalty=1.3,

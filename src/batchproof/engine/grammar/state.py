@@ -20,6 +20,9 @@ from batchproof.engine.text.tokenizer import Tokenizer
 # More than one: a compile of a big schema (up to ~1 s) holds one worker while the others keep
 # computing every running row's masks (each ~0.1-1 ms); few, as masks mostly wait on one core.
 GRAMMAR_WORKERS = 4
+# How long a decode step waits for a constrained row's next mask to read the tokens it forces
+# (speculative drafts): the mask takes microseconds, a worker's turn a little more.
+FORCED_WAIT_S = 0.005
 _workers = ThreadPoolExecutor(max_workers=GRAMMAR_WORKERS, thread_name_prefix="batchproof-grammar")
 
 
@@ -55,6 +58,7 @@ class GrammarState:
         self._grammar = grammar
         self._matcher = None
         self._next: Future[torch.Tensor | str] | None = None  # None until the sequence is admitted
+        self._forced: list[int] = []  # the tokens the grammar forces next, found with each mask
 
     @property
     def is_started(self) -> bool:
@@ -85,15 +89,30 @@ class GrammarState:
 
     def _mask(self) -> torch.Tensor | str:
         matcher = self._matcher
+        self._forced = []
         try:
             if matcher.is_error():
                 return _first_line(matcher.get_error())
             bitmask = matcher.compute_bitmask()
+            # Tokens no other choice could follow (a JSON key, its quotes and colon): drafts that
+            # are sure to be accepted, since the model can only pick what the mask allows.
+            self._forced = [] if matcher.is_error() else list(matcher.compute_ff_tokens())
         except BaseException as e:  # a panic in llguidance (pyo3's PanicException is no Exception): this row's
             return f"llguidance raised {type(e).__name__}"
         if matcher.is_error():  # a limit on one step's work (llguidance's fuel), mid-reply
             return _first_line(matcher.get_error())
         return unpack_mask(bitmask, self.vocab_size)
+
+    def forced(self, wait_s: float = FORCED_WAIT_S) -> list[int]:
+        """The tokens the grammar forces from here (found with the next mask, so this waits for
+        that job, up to wait_s: its work is microseconds); [] if it is not done by then."""
+        if self._next is None or self.is_stopped:
+            return []
+        try:
+            self._next.result(timeout=wait_s)
+        except BaseException:  # late, cancelled or failed: no draft from it (allowed() reports a failure)
+            return []
+        return list(self._forced)
 
     def allowed(self, timeout_s: float) -> torch.Tensor:
         """bool [V]: the tokens the grammar takes next (its end-of-turn ids once complete), if

@@ -26,6 +26,7 @@ class Drafter:
         self._tried, self._accepted = 2.0, 1.0
         self._wait = 0
         self._misses = 0
+        self.num_forced = 0  # how many of the current draft's tokens a grammar forces (first)
         self.num_proposed = 0
         self.num_accepted = 0
 
@@ -51,11 +52,16 @@ class Drafter:
         measures it (a step keeps it only where a row is cheap, propose.py)."""
         return self.num_proposed == 0 or self._value(self.length) <= 1
 
-    def propose(self, output_ids: list[int], room: int) -> list[int]:
+    def propose(self, output_ids: list[int], room: int, forced: list[int] | None = None) -> list[int]:
         """The draft for the next step (at most `room` tokens), having first indexed the reply's
-        new tokens; [] while waiting after misses or when nothing matches."""
+        new tokens: the tokens a grammar forces from here where there are any (sure to be
+        accepted: no wait, no estimate), else a prompt-lookup match; [] while waiting after
+        misses or when nothing matches."""
         seen = len(self.index.token_ids) - self._num_prompt_tokens
         self.index.extend(output_ids[seen:])
+        self.num_forced = min(len(forced or ()), max(room, 0))
+        if self.num_forced:
+            return list(forced[:self.num_forced])
         if self._wait:
             self._wait -= 1
             return []
@@ -65,6 +71,10 @@ class Drafter:
         """A verified draft: its positions tried (each accepted one, and the first rejected)."""
         self.num_proposed += num_proposed
         self.num_accepted += num_accepted
+        # A grammar's forced tokens say nothing about how well the reply copies: left out.
+        forced, self.num_forced = self.num_forced, 0
+        if forced:
+            return
         tried = num_accepted + (num_accepted < num_proposed)
         self._tried = DECAY * self._tried + tried
         self._accepted = DECAY * self._accepted + num_accepted

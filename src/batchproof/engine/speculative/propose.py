@@ -24,7 +24,8 @@ def propose(seqs: list[Sequence], max_model_len: int) -> list[list[int]]:
     drafts = []
     for seq in seqs:
         room = min(seq.params.max_tokens - len(seq.output_ids) - 1, max_model_len - seq.num_tokens)
-        drafts.append(seq.drafter.propose(seq.output_ids, room) if seq.drafter is not None else [])
+        forced = seq.grammar.forced() if seq.grammar is not None and seq.drafter is not None else None
+        drafts.append(seq.drafter.propose(seq.output_ids, room, forced) if seq.drafter is not None else [])
     return _worth_their_rows(seqs, drafts)
 
 
@@ -33,7 +34,9 @@ def _worth_their_rows(seqs: list[Sequence], drafts: list[list[int]]) -> list[lis
     the m that gives the step the most tokens per unit of cost; m = 0 (none) when nothing pays,
     as in a full batch of free text, so the step is the one plain decoding runs."""
     n = len(seqs)
-    gains = {i: expected_accepted(seqs[i].drafter.acceptance, len(d)) for i, d in enumerate(drafts) if d}
+    # a grammar's forced tokens are accepted for sure; a lookup draft as its acceptance says
+    gains = {i: float(len(d)) if seqs[i].drafter.num_forced else expected_accepted(seqs[i].drafter.acceptance, len(d))
+             for i, d in enumerate(drafts) if d}
     order = sorted(gains, key=lambda i: gains[i] / len(drafts[i]), reverse=True)
     best_m, best_rate = 0, n / step_cost(n)
     rows, tokens = n, float(n)
