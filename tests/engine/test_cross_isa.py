@@ -112,6 +112,22 @@ def test_linear_on_every_quantized_type_and_its_embedding_rows(level, qtype):
     assert_same_bits(level, compute)
 
 
+@pytest.mark.skipif(not (kernels.available() and kernels.isa_level() >= 2), reason="no AVX-512 here")
+@pytest.mark.parametrize("pairs", [True, False], ids=["pairs", "8-lane"])
+@pytest.mark.parametrize("qtype", QUANT_TYPES[:8], ids=lambda t: t.name)
+def test_one_row_at_avx512_pairing_weight_rows_or_not(qtype, pairs):
+    """One row of x at the AVX-512 level, with two weight rows a 16-lane register or the 8-lane
+    code (the CPU picks: not paired on Zen 4), forced either way: the portable path's bits."""
+    k = 512
+    raw = RawTensor(random_blocks(qtype, 37, k, seed=int(qtype) + 3), int(qtype), (37, k))
+    weight, x, b = quant_weight(raw), awkward(1, k, seed=int(qtype) + 5), awkward(37, seed=2)
+    kernels.prefer_pairs(pairs)
+    try:
+        assert_same_bits(2, lambda: kernels.linear_q(x, weight, b, 2))
+    finally:
+        kernels.prefer_pairs(None)
+
+
 @pytest.mark.parametrize("dim", [1, 7, 8, 13, 70, 576])
 def test_rms_norm(level, dim):
     x, weight = awkward(17, dim, seed=dim), awkward(dim, seed=dim + 1)

@@ -15,6 +15,7 @@ SIGNATURES = {
     "bp_isa_level": (c_int, []),
     "bp_cap_isa_level": (None, [c_int]),
     "bp_allow_vnni": (None, [c_int]),
+    "bp_prefer_pairs": (None, [c_int]),
     "bp_numerics_version": (c_char_p, []),
     "bp_linear_f32": (None, [c_void_p] * 4 + [c_int64] * 3 + [c_int, c_int]),
     "bp_linear_q": (None, [c_void_p, c_void_p, c_int, c_int64, c_void_p, c_void_p] + [c_int64] * 4 + [c_int, c_int]),

@@ -13,6 +13,10 @@
  */
 #include "kernels.h"
 
+#ifdef BP_X86
+#include <cpuid.h>
+#endif
+
 #define NUMERICS_VERSION "fixed-order-w8-v1"
 
 /* The server puts this into the identity of its numbers: replicas agree bit for bit
@@ -64,6 +68,34 @@ BP_INTERNAL int bp_isa_vnni(void) {
     return detected_vnni && vnni_allowed;
 }
 #endif
+
+/* Whether a 16-lane register holding two weight rows pays for one row of x (quant_tiles_avx512.c):
+ * where 512-bit operations run at full width (Zen 5, Intel's AVX-512 parts). AMD's family 25 with
+ * AVX-512 (Zen 4) splits each into two 256-bit halves, and there that path ran one row of the
+ * default model's matmuls 10% slower than the 8-lane code (5.50 against 4.97 ms, interleaved).
+ * Tests force it either way (bp_prefer_pairs: 1 on, 0 off, -1 the CPU's), so both paths run on
+ * any AVX-512 host; speed only, never bits. */
+static int pairs_forced = -1;
+static int pairs_pay = -1;
+
+BP_INTERNAL int bp_pairs_pay(void) {
+    if (pairs_forced >= 0) return pairs_forced;
+    if (pairs_pay < 0) {
+        int pay = 1;
+#ifdef BP_X86
+        unsigned eax, ebx, ecx, edx;
+        if (__get_cpuid(0, &eax, &ebx, &ecx, &edx) && ebx == 0x68747541u /* "Auth"enticAMD */ &&
+            __get_cpuid(1, &eax, &ebx, &ecx, &edx)) {
+            const unsigned family = ((eax >> 8) & 0xF) + ((eax >> 8 & 0xF) == 0xF ? (eax >> 20) & 0xFF : 0);
+            pay = family != 0x19;
+        }
+#endif
+        pairs_pay = pay; /* threads racing here all write the same value */
+    }
+    return pairs_pay;
+}
+
+void bp_prefer_pairs(int prefer) { pairs_forced = prefer; }
 
 /* Tests turn VNNI off to run what an AVX-512 CPU without it runs (AVX-512 quantize, the AVX2
  * twin's tiles) on one that has it; like the cap, it changes the speed only. */

@@ -30,6 +30,7 @@
 int bp_isa_level(void);
 void bp_cap_isa_level(int cap);
 void bp_allow_vnni(int allow); /* tests: the int8 tiles of an AVX-512 CPU without VNNI */
+void bp_prefer_pairs(int prefer); /* tests: the AVX-512 one-row tile pairing rows: 1 on, 0 off, -1 auto */
 /* The name of the arithmetic: builds that report one version give the same bits. */
 const char *bp_numerics_version(void);
 

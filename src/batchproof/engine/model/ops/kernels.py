@@ -46,6 +46,12 @@ def cap_isa_level(cap: int) -> None:
     _library().bp_cap_isa_level(cap)
 
 
+def prefer_pairs(prefer: bool | None) -> None:
+    """Force the AVX-512 one-row float tile to pair two weight rows a register (True) or not
+    (False), or leave it to the CPU (None: not on Zen 4); tests run both paths anywhere."""
+    _library().bp_prefer_pairs(-1 if prefer is None else int(prefer))
+
+
 def allow_vnni(allow: bool) -> None:
     """Let the int8 tiles use AVX-512 VNNI where the CPU has it (tests turn it off to run what a
     CPU with AVX-512 and no VNNI runs)."""

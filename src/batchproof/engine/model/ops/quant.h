@@ -132,6 +132,8 @@ typedef void (*xtile_fn)(const float *xp, int64_t stride, const uint8_t *w, int6
 
 /* The 16-row tile for this type, or NULL (below AVX-512, and for F16, BF16, F32). */
 BP_INTERNAL xtile_fn bp_pick_xtile(int type);
+/* Whether the AVX-512 one-row tile pairs two weight rows a register on this CPU (isa.c). */
+BP_INTERNAL int bp_pairs_pay(void);
 
 /* ---- the register path's twins: one name, a file per instruction set (ggml's way) ----
  *

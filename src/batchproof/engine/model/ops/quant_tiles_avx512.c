@@ -164,13 +164,13 @@ ZINLINE void qtile_xpairs(const float *xp, int64_t stride, const uint8_t *w, int
         qtile_xpairs(xp, stride, w, row_bytes, TYPE, sums, K, (mt + 1) / 2, mt, nt, prefetch);                  \
     }
 
-/* AVX-512 hosts: two weight rows a register for one row of x, else the 8-lane code with 32
- * registers. */
+/* AVX-512 hosts: two weight rows a register for one row of x where that pays (bp_pairs_pay: not
+ * on Zen 4, which splits 512-bit operations), else the 8-lane code with 32 registers. */
 #define QTILE_FN_AVX512(NAME, TYPE)                                                                       \
     __attribute__((target(ZTARGET))) static void NAME(const float *x, const uint8_t *w, int64_t row_bytes, \
                                                       float *sums, int64_t K, int mt, int nt,               \
                                                       const uint8_t *prefetch) {                            \
-        if (mt == 1 && nt == QW) {                                                                          \
+        if (mt == 1 && nt == QW && bp_pairs_pay()) {                                                        \
             qtile_pairs(x, w, row_bytes, TYPE, sums, K, prefetch);                                          \
             return;                                                                                         \
         }                                                                                                   \
