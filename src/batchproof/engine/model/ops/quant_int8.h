@@ -115,6 +115,31 @@ BP_INTERNAL itile_fn bp_itile_avx512(int type);
 BP_INTERNAL int bp_isa_vnni(void);
 #endif
 
+#ifdef BP_X86
+#include <immintrin.h>
+
+/* Bits 4.. of a nibble type's weights, from its plane (the layout above), placed above the low
+ * and the high nibbles of chunk c, for the AVX2 and the AVX-512 twins alike (AVX2 instructions,
+ * inlined into either). Shifts of 16-bit lanes by at most 4, then a mask that keeps only bits of
+ * the same byte: no bit crosses from a neighbour. */
+#define INT8_PLANE static inline __attribute__((always_inline, target("avx2")))
+INT8_PLANE __m256i int8_shift16(__m256i v, const int by) {
+    return by >= 0 ? _mm256_slli_epi16(v, by) : _mm256_srli_epi16(v, -by);
+}
+INT8_PLANE void int8_plane_merge(const uint8_t *plane, const int bits, const int c, __m256i *l, __m256i *h) {
+    if (bits == 1) { /* byte bit 2c: weight 8c + e's fifth bit, 2c + 1: 8c + 4 + e's */
+        const __m256i p = _mm256_loadu_si256((const __m256i *)plane), five = _mm256_set1_epi8(0x10);
+        *l = _mm256_or_si256(*l, _mm256_and_si256(int8_shift16(p, 4 - 2 * c), five));
+        *h = _mm256_or_si256(*h, _mm256_and_si256(int8_shift16(p, 3 - 2 * c), five));
+    } else if (bits == 2) { /* chunk c / 2, bits 4s, 4s + 2 (s = c % 2): the top two of each */
+        const __m256i p = _mm256_loadu_si256((const __m256i *)(plane + 32 * (c / 2))), two = _mm256_set1_epi8(0x30);
+        *l = _mm256_or_si256(*l, _mm256_and_si256(int8_shift16(p, 4 - 4 * (c % 2)), two));
+        *h = _mm256_or_si256(*h, _mm256_and_si256(int8_shift16(p, 2 - 4 * (c % 2)), two));
+    }
+}
+#undef INT8_PLANE
+#endif
+
 /* Q4_K / Q5_K: the 6-bit scale and min of group g from the 12 packed bytes (scale_min_k4). */
 static inline void int8_scale_min_k4(int g, const uint8_t *s, int *sc, int *m) {
     if (g < 4) {

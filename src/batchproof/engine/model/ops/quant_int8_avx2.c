@@ -75,22 +75,6 @@ __attribute__((target("avx2,fma,f16c"))) void bp_quantize_x_avx2(const float *x,
         }
 }
 
-/* Bits 4.. of a nibble type's weights, from its plane (quant_int8.h), placed above the low and
- * the high nibbles of chunk c (as the AVX-512 twin: shifts of 16-bit lanes by at most 4, then a
- * mask that keeps only bits of the same byte). */
-I8 __m256i shift16(__m256i v, const int by) { return by >= 0 ? _mm256_slli_epi16(v, by) : _mm256_srli_epi16(v, -by); }
-I8 void plane_bits(const uint8_t *plane, const int bits, const int c, __m256i *l, __m256i *h) {
-    if (bits == 1) {
-        const __m256i p = _mm256_loadu_si256((const __m256i *)plane), five = _mm256_set1_epi8(0x10);
-        *l = _mm256_or_si256(*l, _mm256_and_si256(shift16(p, 4 - 2 * c), five));
-        *h = _mm256_or_si256(*h, _mm256_and_si256(shift16(p, 3 - 2 * c), five));
-    } else if (bits == 2) {
-        const __m256i p = _mm256_loadu_si256((const __m256i *)(plane + 32 * (c / 2))), two = _mm256_set1_epi8(0x30);
-        *l = _mm256_or_si256(*l, _mm256_and_si256(shift16(p, 4 - 4 * (c % 2)), two));
-        *h = _mm256_or_si256(*h, _mm256_and_si256(shift16(p, 2 - 4 * (c % 2)), two));
-    }
-}
-
 /* Rows 0..R of x (R <= 4, a constant), their int32 lane j: step 2's integer for weight row j, the
  * zero not yet taken off, from the record's quants (8 rows interleaved: no reduction across
  * lanes; each chunk unpacked once for the R rows). A chunk's two nibble products are added in
@@ -116,7 +100,7 @@ I8 void packed_dot(const uint8_t *qs, const int8_t *const *xq, const int R, cons
         for (int c = 0; c < 4; c++) {
             const __m256i v = WB(c);
             __m256i l = _mm256_and_si256(v, nibble), h = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
-            plane_bits(qs + 128, bits, c, &l, &h);
+            int8_plane_merge(qs + 128, bits, c, &l, &h);
             for (int i = 0; i < R; i++)
                 s16[i] = _mm256_add_epi16(s16[i], _mm256_add_epi16(_mm256_maddubs_epi16(l, XB(i, 8 * c)),
                                                                    _mm256_maddubs_epi16(h, XB(i, 8 * c + 4))));

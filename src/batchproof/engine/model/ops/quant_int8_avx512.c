@@ -73,22 +73,6 @@ __attribute__((target(ZTARGET))) void bp_quantize_x_avx512(const float *x, int64
         }
 }
 
-/* Bits 4.. of a nibble type's weights, from its plane (quant_int8.h), placed above the low and
- * the high nibbles of chunk c. Shifts of 16-bit lanes by at most 4, then a mask that keeps only
- * bits of the same byte: no bit crosses from a neighbour. */
-V8 __m256i shift16(__m256i v, const int by) { return by >= 0 ? _mm256_slli_epi16(v, by) : _mm256_srli_epi16(v, -by); }
-V8 void plane_bits(const uint8_t *plane, const int bits, const int c, __m256i *l, __m256i *h) {
-    if (bits == 1) { /* byte bit 2c: weight 8c + e's fifth bit, 2c + 1: 8c + 4 + e's */
-        const __m256i p = _mm256_loadu_si256((const __m256i *)plane), five = _mm256_set1_epi8(0x10);
-        *l = _mm256_or_si256(*l, _mm256_and_si256(shift16(p, 4 - 2 * c), five));
-        *h = _mm256_or_si256(*h, _mm256_and_si256(shift16(p, 3 - 2 * c), five));
-    } else if (bits == 2) { /* chunk c / 2, bits 4s, 4s + 2 (s = c % 2): the top two of each */
-        const __m256i p = _mm256_loadu_si256((const __m256i *)(plane + 32 * (c / 2))), two = _mm256_set1_epi8(0x30);
-        *l = _mm256_or_si256(*l, _mm256_and_si256(shift16(p, 4 - 4 * (c % 2)), two));
-        *h = _mm256_or_si256(*h, _mm256_and_si256(shift16(p, 2 - 4 * (c % 2)), two));
-    }
-}
-
 /* Rows 0..R of x (R <= RMAX, a constant) against a record's quants: into lo[i] and hi[i] (which
  * start at what the caller puts there) the int32 sums, lane j weight row j's, of two halves of
  * the products: Q6_K weights 0..15 and 16..31 (its two scales; chunks 0-1 and 2-3), the other
@@ -103,7 +87,7 @@ V8 void packed_dot(const uint8_t *qs, const int8_t *const *xq, const int R, cons
         for (int c = 0; c < 4; c++) {
             const __m256i v = WB(c);
             __m256i l = _mm256_and_si256(v, nibble), h = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
-            plane_bits(qs + 128, int8_plane_bits(type), c, &l, &h);
+            int8_plane_merge(qs + 128, int8_plane_bits(type), c, &l, &h);
             for (int i = 0; i < R; i++) {
                 if (type == T_Q6_K) { /* weights 8c.. 8c + 7: the first half for c < 2 */
                     __m256i *half = c < 2 ? &lo[i] : &hi[i];
