@@ -40,12 +40,12 @@ def random_blocks(rng: np.random.Generator, qtype: Q, rows: int, k: int) -> np.n
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--numerics", default="float32", choices=["float32", "int8"])
-    parser.add_argument("--max-isa", default="avx512", choices=list(kernels.ISA_NAMES.values()))
+    parser.add_argument("--max-isa", default="avx512", choices=list(kernels.ISA_LEVELS))
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    kernels.cap_isa_level({name: level for level, name in kernels.ISA_NAMES.items()}[args.max_isa])
+    kernels.cap_isa_level(kernels.ISA_LEVELS[args.max_isa])
     rng = np.random.default_rng(0)
     hold = kernels.int8_weight if args.numerics == "int8" else quant_weight
     linear = kernels.linear_q_int8 if args.numerics == "int8" else kernels.linear_q

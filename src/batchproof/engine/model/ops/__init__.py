@@ -10,8 +10,6 @@ from batchproof.engine.model.ops.torch_ops import TorchOps
 __all__ = ["HeadLayout", "KernelOps", "Ops", "RopeTables", "TorchOps", "choose_ops"]
 
 
-
-
 def choose_ops(device: torch.device, dtype: torch.dtype, is_batch_invariant: bool, num_threads: int,
                numerics: str = "float32", max_isa: str = "auto") -> Ops:
     """Invariant: our fixed-order kernels where they apply (float32 on CPU, built), else
@@ -20,7 +18,7 @@ def choose_ops(device: torch.device, dtype: torch.dtype, is_batch_invariant: boo
     float path."""
     if is_batch_invariant and kernels.available() and device.type == "cpu" and dtype == torch.float32:
         if max_isa != "auto":  # process-wide, set before the kernels' name is read; speed only
-            kernels.cap_isa_level({name: level for level, name in kernels.ISA_NAMES.items()}[max_isa])
+            kernels.cap_isa_level(kernels.ISA_LEVELS[max_isa])
         return KernelOps(num_threads, numerics=numerics)
     if numerics != "float32":
         raise ValueError(f"numerics {numerics} runs on our CPU kernels only (float32 dtype, batch-invariant, "

@@ -19,6 +19,7 @@ from batchproof.engine.model.weights import (
 )
 
 ISA_NAMES = {2: "avx512", 1: "avx2", 0: "portable"}
+ISA_LEVELS = {name: level for level, name in ISA_NAMES.items()}  # --max-isa's names -> levels
 
 
 def available() -> bool:
