@@ -186,7 +186,7 @@ def test_a_grammar_s_forced_tokens_are_offered_as_a_draft(engine):
     from batchproof.engine.grammar.state import GrammarState
     state = GrammarState(engine.tokenizer, grammars.json_schema(ODD_KEYS).grammar)
     state.allowed(10.0)  # the first mask (and what it forces)
-    forced = state.forced(10.0)
+    forced = state.forced()
     assert "zq_tally_of_gulls" in engine.tokenizer.decode(forced)
     drafter = Drafter([1, 2, 3], 15)
     drafter._wait = 5  # as after misses: a lookup draft would wait
@@ -196,10 +196,12 @@ def test_a_grammar_s_forced_tokens_are_offered_as_a_draft(engine):
     assert drafter.acceptance == before and drafter.num_forced == 0
 
 
-def test_keys_found_nowhere_in_the_prompt_are_drafted_from_the_grammar_bitwise(engine, plain):
+def test_keys_found_nowhere_in_the_prompt_are_drafted_from_the_grammar_bitwise(engine, plain, monkeypatch):
     """A schema's keys are in no prompt (the server does not write them there): prompt lookup has
     nothing to match, the grammar's forced tokens are the drafts, accepted, and the reply is
-    plain decoding's, bit for bit."""
+    plain decoding's, bit for bit. The wait for them is made long, so a busy machine (a grammar
+    worker late by more than the 5 ms a step gives it) cannot leave the drafts out."""
+    monkeypatch.setattr("batchproof.engine.grammar.state.FORCED_WAIT_S", 10.0)
     ids = chat(engine, "Count the gulls and the wind, as JSON.")
     params = greedy(40, constraint=grammars.json_schema(ODD_KEYS))
     spec = alone(engine, ids, params)

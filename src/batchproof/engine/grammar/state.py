@@ -103,13 +103,13 @@ class GrammarState:
             return _first_line(matcher.get_error())
         return unpack_mask(bitmask, self.vocab_size)
 
-    def forced(self, wait_s: float = FORCED_WAIT_S) -> list[int]:
+    def forced(self) -> list[int]:
         """The tokens the grammar forces from here (found with the next mask, so this waits for
-        that job, up to wait_s: its work is microseconds); [] if it is not done by then."""
+        that job, up to FORCED_WAIT_S: its work is microseconds); [] if it is not done by then."""
         if self._next is None or self.is_stopped:
             return []
         try:
-            self._next.result(timeout=wait_s)
+            self._next.result(timeout=FORCED_WAIT_S)
         except BaseException:  # late, cancelled or failed: no draft from it (allowed() reports a failure)
             return []
         return list(self._forced)
