@@ -46,3 +46,32 @@ def test_paths_are_the_board_files_and_variables_are_expanded(monkeypatch) -> No
     assert spec.matrix == Path("/boards/m.yaml")
     assert spec.servers[0].command == ("srv", "-m", "/models/m.gguf")
     assert spec.servers[0].model == Path("/models/m.gguf")
+
+
+def test_the_drift_server_gives_every_member_of_a_slow_burst_the_same_batch(tmp_path: Path) -> None:
+    """16 requests arriving 30 ms apart (a burst of half a second, as a busy machine sends one) form
+    one batch of 16: each reply's logprobs moved by 15 drifts, and the log says m=16 once."""
+    import json
+    import threading
+    import time
+    import urllib.request
+
+    from batchproof.board.drift_server import DriftServer, entry
+
+    log, replies = tmp_path / "drift.log", []
+
+    def ask(url: str) -> None:
+        body = json.dumps({"model": "drift-control", "max_tokens": 2, "messages": []}).encode()
+        request = urllib.request.Request(f"{url}/v1/chat/completions", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            replies.append(json.load(response)["choices"][0]["logprobs"]["content"][0]["logprob"])
+
+    with DriftServer(log, window_s=0.1) as server:
+        threads = [threading.Thread(target=ask, args=(server.url,)) for _ in range(16)]
+        for thread in threads:
+            thread.start()
+            time.sleep(0.03)
+        for thread in threads:
+            thread.join()
+    assert replies == [entry(0, 16, 1e-3)["logprob"]] * 16
+    assert log.read_text().count("batch m=") == 1 and "batch m=16 done" in log.read_text()

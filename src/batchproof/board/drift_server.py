@@ -1,10 +1,11 @@
 """The board's built-in negative control: a tiny OpenAI-style chat server whose logprobs drift with
 the batch size, as a batch-variant reduction order makes them (standard library only, no model).
 
-Requests that arrive within `window_s` of each other form one batch of m; every token's logprob
-moves by `drift * (m - 1)`, its text never does, so only a probe that compares logprobs bitwise
-catches it. Each batch is logged as `batch m=N done` (our server's spelling), so the probe reads
-the batch it formed from the log, as it does ours."""
+Requests that arrive with no gap of `window_s` between them form one batch of m (the batch closes
+once none has joined for `window_s`, so every member sees the same m however slowly a burst of 16
+arrives on a busy machine); every token's logprob moves by `drift * (m - 1)`, its text never does,
+so only a probe that compares logprobs bitwise catches it. Each batch is logged as `batch m=N done`
+(our server's spelling), so the probe reads the batch it formed from the log, as it does ours."""
 
 import json
 import threading
@@ -23,16 +24,25 @@ class Batcher:
         self._lock = threading.Lock()
         self._active = 0
         self._largest = 0
+        self._last_join = 0.0
         self._log_path = log_path
 
     def join(self) -> None:
         with self._lock:
             self._active += 1
             self._largest = max(self._largest, self._active)
+            self._last_join = time.monotonic()
 
-    def size(self) -> int:
-        with self._lock:
-            return self._active
+    def wait_closed(self, window_s: float) -> int:
+        """Wait until no request has joined for `window_s`, then the batch's size (the most members
+        it had: the first to finish leaves before the last reads it). A fixed wait from each member's
+        own arrival let the first of a slow burst see fewer members than the last."""
+        while True:
+            with self._lock:
+                quiet = time.monotonic() - self._last_join
+                if quiet >= window_s:
+                    return self._largest
+            time.sleep(window_s - quiet)
 
     def leave(self) -> None:
         with self._lock:
@@ -81,8 +91,7 @@ class Handler(BaseHTTPRequestHandler):
         batcher = self.server.batcher
         batcher.join()
         try:
-            time.sleep(self.server.window_s)  # the batch forms while every member waits
-            m = batcher.size()
+            m = batcher.wait_closed(self.server.window_s)  # the batch forms while every member waits
             entries = [entry(step, m, self.server.drift) for step in range(int(body.get("max_tokens") or 16))]
             if body.get("stream"):
                 self._stream(entries)
@@ -123,7 +132,7 @@ class DriftServer(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, log_path: Path, drift: float = 1e-3, window_s: float = 0.05,
+    def __init__(self, log_path: Path, drift: float = 1e-3, window_s: float = 0.2,
                  token_delay_s: float = 0.002) -> None:
         super().__init__(("127.0.0.1", 0), Handler)
         self.batcher = Batcher(log_path)
