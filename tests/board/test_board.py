@@ -151,3 +151,23 @@ def test_a_board_that_is_not_yaml_or_names_a_bad_matrix_exits_2(tmp_path: Path) 
         {"name": "a", "url": "http://x", "configurations": ["identical"]}]}))
     code, _, stderr = run_cli(["board", str(board), "--out", str(tmp_path / "out")])
     assert code == 2 and "matrix.yaml: missing key protocol" in stderr
+
+
+def test_a_resumed_board_checks_the_witnesses_it_finds_and_probes_the_rest(tmp_path: Path) -> None:
+    """--resume: a run whose witness is there is checked again, not probed; one whose witness was cut
+    off (a board killed while writing it) is probed; the server is started only for what is missing."""
+    out = tmp_path / "out"
+    with ScriptedServer(Script(**SCRIPT)) as good:
+        board_file = write_board(tmp_path, [
+            {"name": "scripted", "url": good.url, "configurations": ["identical", "mixed"]}])
+        _, first, _ = run_board(board_file, out)
+    # The server is gone now; the second run of `mixed` lost its witness mid-write.
+    (out / "00-scripted" / "mixed-run2.json").write_text('{"witness_version": 3, "resu')
+    code, stdout, stderr = run_cli(["board", str(board_file), "--out", str(out), "--resume"])
+    board, before = rows_of(json.loads((out / "board.json").read_text())), rows_of(first)
+    assert board[("scripted", "identical")] == before[("scripted", "identical")]  # kept, judged alike
+    assert board[("drift control (built in)", "identical")]["verdict"] == "NOT ADMISSIBLE"  # kept: not started
+    mixed = board[("scripted", "mixed")]
+    assert mixed["runs"][0] == before[("scripted", "mixed")]["runs"][0]
+    assert mixed["verdict"] == "UNREACHABLE" and "cannot connect" in mixed["why"]  # run 2 was probed again
+    assert code == 0 and "board VALID" in stdout

@@ -100,12 +100,29 @@ def summary(witness: dict[str, Any], reasons: list[str], unreachable: str | None
             **files}
 
 
-def run_once(target: Target, configuration: str, matrix_path: Path | None, matrix: Matrix, contract: Contract,
-             out: Path, stem: str) -> dict[str, Any]:
-    """One probe run, checked and drawn."""
+def kept_witness(path: Path) -> dict[str, Any] | None:
+    """An earlier board's witness at `path` that measured something (a resumed board checks it again
+    instead of probing); None where there is none, it does not parse, or the probe measured nothing."""
+    try:
+        witness = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(witness, dict) or witness.get("result") in (None, "UNMEASURABLE"):
+        return None
+    return witness
+
+
+def run_once(target: Target | None, configuration: str, matrix_path: Path | None, matrix: Matrix,
+             contract: Contract, out: Path, stem: str, resume: bool = False) -> dict[str, Any]:
+    """One probe run, checked and drawn; with `resume`, the witness already there when there is one
+    (then `target` may be None: the server need not be up)."""
     witness_path, report_path = out / f"{stem}.json", out / f"{stem}.html"
-    config = probe_config(target, configuration, matrix_path, witness_path)
-    witness, unreachable = probe(config, matrix)
+    kept = kept_witness(witness_path) if resume else None
+    if kept is not None:
+        witness, unreachable = kept, None
+    else:
+        assert target is not None, "a run without a witness to keep is probed"
+        witness, unreachable = probe(probe_config(target, configuration, matrix_path, witness_path), matrix)
     judged = served_contract(contract, witness)
     if unreachable is not None:  # nothing measured, nothing to judge or draw
         return summary(witness, [], unreachable, judged.decode_ratio_c4_over_c1,

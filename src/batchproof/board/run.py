@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from batchproof.board import drift_server
-from batchproof.board.cell import NOT_RUN, RUNS, UNREACHABLE, Target, cell, is_caught, run_once
+from batchproof.board.cell import NOT_RUN, RUNS, UNREACHABLE, Target, cell, is_caught, kept_witness, run_once
 from batchproof.board.launch import Started, start
 from batchproof.board.spec import BoardSpec, ServerSpec
 from batchproof.check.contract import Contract
@@ -101,10 +101,22 @@ def not_run(server: ServerSpec, configuration: str, why: str) -> dict[str, Any]:
             "verdict": NOT_RUN, "agree": None, "why": why, "runs": []}
 
 
+def all_kept(server: ServerSpec, workdir: Path) -> bool:
+    """Every run of every configuration of the server has a measured witness in `workdir` already."""
+    return all(kept_witness(workdir / f"{configuration}-run{n}.json") is not None
+               for configuration in server.configurations for n in range(1, RUNS + 1))
+
+
+@contextmanager
+def not_started():
+    yield None
+
+
 def server_rows(server: ServerSpec, matrix_path: Path | None, matrix: Matrix, contract: Contract,
-                workdir: Path, host: str) -> list[dict[str, Any]]:
+                workdir: Path, host: str, resume: bool = False) -> list[dict[str, Any]]:
     workdir.mkdir(parents=True, exist_ok=True)
-    with reached(server, workdir, host) as found:
+    # Resumed, a server whose runs all have witnesses is checked again without being started.
+    with not_started() if resume and all_kept(server, workdir) else reached(server, workdir, host) as found:
         if isinstance(found, str):
             say(f"{server.name}: {found}")
             return [not_run(server, c, found) for c in server.configurations]
@@ -114,17 +126,19 @@ def server_rows(server: ServerSpec, matrix_path: Path | None, matrix: Matrix, co
             if unreachable is not None:
                 rows.append(not_run(server, configuration, f"unreachable: {unreachable}"))
                 continue
-            rows.append(configuration_row(server, configuration, found, matrix_path, matrix, contract, workdir))
+            rows.append(configuration_row(server, configuration, found, matrix_path, matrix, contract, workdir,
+                                          resume))
             unreachable = rows[-1]["why"] if rows[-1]["verdict"] == UNREACHABLE else None
         return rows
 
 
-def configuration_row(server: ServerSpec, configuration: str, found: Target, matrix_path: Path | None,
-                      matrix: Matrix, contract: Contract, workdir: Path) -> dict[str, Any]:
+def configuration_row(server: ServerSpec, configuration: str, found: Target | None, matrix_path: Path | None,
+                      matrix: Matrix, contract: Contract, workdir: Path, resume: bool = False) -> dict[str, Any]:
     runs = []
     for n in range(1, RUNS + 1):
         say(f"{server.name} · {configuration} · run {n} of {RUNS}")
-        run = run_once(found, configuration, matrix_path, matrix, contract, workdir, f"{configuration}-run{n}")
+        run = run_once(found, configuration, matrix_path, matrix, contract, workdir, f"{configuration}-run{n}",
+                       resume)
         runs.append({**run, "witness": f"{workdir.name}/{run['witness']}",
                      "report": run["report"] and f"{workdir.name}/{run['report']}"})
         say(f"{server.name} · {configuration} · run {n}: {run['verdict']}")
@@ -153,17 +167,18 @@ def machine() -> str:
 
 
 def run_board(spec: BoardSpec, matrix: Matrix, contract: Contract, out: Path,
-              clock: Callable[[], float] = time.time) -> dict[str, Any]:
+              clock: Callable[[], float] = time.time, resume: bool = False) -> dict[str, Any]:
     host = spec.host or socket.gethostname()
     started = clock()
     rows = []
     for i, server in enumerate(with_controls(spec)):
         # Numbered: two names may read alike as folder names.
-        rows += server_rows(server, spec.matrix, matrix, contract, out / f"{i:02d}-{slug(server.name)}", host)
+        rows += server_rows(server, spec.matrix, matrix, contract, out / f"{i:02d}-{slug(server.name)}", host,
+                            resume)
     invalid = validity(rows)
     return {"board_version": BOARD_VERSION, "host": host, "machine": machine(), "started": started,
             "seconds": round(clock() - started, 1),
             "matrix": {"n_predict": matrix.n_predict, "ladder": list(matrix.ladder)},
             "contract": {"bands": list(contract.bands), "decode_ratio_c4_over_c1": contract.decode_ratio_c4_over_c1,
                          "require_bitwise_logprobs": contract.require_bitwise_logprobs},
-            "runs_per_cell": RUNS, "valid": not invalid, "invalid_because": invalid, "rows": rows}
+            "runs_per_cell": RUNS, "resumed": resume, "valid": not invalid, "invalid_because": invalid, "rows": rows}

@@ -23,6 +23,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("board", metavar="BOARD.yaml", type=Path, help="the servers and configurations to probe")
     parser.add_argument("--out", metavar="DIR", type=Path, required=True,
                         help="where board.json, board.html and every run's witness and report go")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the witnesses an interrupted board (the same file) left in --out: each run "
+                             "that has one is checked again, not probed; a server with all its runs there is "
+                             "not started")
 
 
 def _fail(message: str, code: int) -> int:
@@ -49,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         return _fail(f"--out {args.out}: cannot create it ({error.strerror})", EXIT_NOT_A_FILE)
-    board = run_board(spec, matrix, contract, args.out)
+    board = run_board(spec, matrix, contract, args.out, resume=args.resume)
     (args.out / "board.json").write_text(json.dumps(board, indent=2, allow_nan=False) + "\n", encoding="utf-8")
     (args.out / "board.html").write_text(render(board), encoding="utf-8")
     for row in board["rows"]:
