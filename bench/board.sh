@@ -2,7 +2,8 @@
 # The published parity board: every server of bench/board.yaml (and the board's negative controls)
 # probed in each configuration twice, into bench/results/board/ (board.html, board.json, and each
 # run's witness and report). Hours of CPU: run it on a quiet machine, nothing else on the cores.
-#   bench/board.sh [OUT_DIR]                 (BOARD_FILE=bench/board-quick.yaml for the quick board)
+#   bench/board.sh [OUT_DIR] [--resume]      (BOARD_FILE=bench/board-quick.yaml for the quick board;
+#                                            --resume: go on with an interrupted board in OUT_DIR)
 # Needs the serve extra (ours), the fleet extra (the 2-replica row), transformers (its row) and
 # llama-server at $LLAMA_SERVER (default /work/peer/llama-server). Prepares, once, under
 # ${BOARD_MODELS:-$HOME/.cache/batchproof-board}: the F16 copy of the default model
@@ -28,4 +29,4 @@ from pathlib import Path
 from tests.hf.checkpoints import convert_gguf
 convert_gguf(Path(sys.argv[1]), {torch.float32: Path(sys.argv[2])})" "$SMOLLM2_Q4_1" "$SMOLLM2_HF"
 echo "machine: $(hostname) · $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs) · $(nproc) cores" >&2
-batchproof board "${BOARD_FILE:-bench/board.yaml}" --out "$out"
+batchproof board "${BOARD_FILE:-bench/board.yaml}" --out "$out" "${@:2}"
