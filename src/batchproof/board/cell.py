@@ -101,13 +101,14 @@ def summary(witness: dict[str, Any], reasons: list[str], unreachable: str | None
 
 
 def kept_witness(path: Path) -> dict[str, Any] | None:
-    """An earlier board's witness at `path` that measured something (a resumed board checks it again
-    instead of probing); None where there is none, it does not parse, or the probe measured nothing."""
+    """An earlier board's witness at `path` that measured a band (a resumed board checks it again
+    instead of probing); None where there is none, it does not parse, or the probe fired no band (the
+    server was unreachable: it may be up now). A band that could not be measured was measured so."""
     try:
         witness = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if not isinstance(witness, dict) or witness.get("result") in (None, "UNMEASURABLE"):
+    if not isinstance(witness, dict) or not witness.get("bands"):
         return None
     return witness
 
