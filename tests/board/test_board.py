@@ -171,3 +171,18 @@ def test_a_resumed_board_checks_the_witnesses_it_finds_and_probes_the_rest(tmp_p
     assert mixed["runs"][0] == before[("scripted", "mixed")]["runs"][0]
     assert mixed["verdict"] == "UNREACHABLE" and "cannot connect" in mixed["why"]  # run 2 was probed again
     assert code == 0 and "board VALID" in stdout
+
+
+def test_a_server_not_deterministic_alone_gets_a_row_and_the_board_goes_on(tmp_path: Path) -> None:
+    """Its two m=1 references differ, so the probe fires no band: nothing to check, and the run
+    says why (llama-server with its prompt cache on, once) instead of stopping the board."""
+    from tests.helpers.scripted_server import unstable_alone
+
+    with ScriptedServer(Script(**SCRIPT, pick=unstable_alone)) as shaky:
+        board_file = write_board(tmp_path, [{"name": "shaky", "url": shaky.url, "configurations": ["identical"]}])
+        code, board, _ = run_board(board_file, tmp_path / "out")
+    first, second = rows_of(board)[("shaky", "identical")]["runs"]  # (the second run's references agree)
+    assert first["verdict"] == "NOT ADMISSIBLE" and first["bands"] == []
+    assert first["reasons"][0].startswith("reference: the m=1 reference is not stable: the two m=1 runs part")
+    assert (tmp_path / "out" / first["report"]).is_file()
+    assert code == 0 and rows_of(board)[("drift control (built in)", "identical")]["verdict"] == "NOT ADMISSIBLE"

@@ -11,7 +11,7 @@ from typing import Any
 from batchproof.board.spec import CONFIGURATIONS
 from batchproof.check.contract import BlessedModel, Contract
 from batchproof.check.rules import judge
-from batchproof.check.witness import parse_witness
+from batchproof.check.witness import WitnessError, parse_witness
 from batchproof.probe.config import ProbeConfig
 from batchproof.probe.display import ProgressDisplay
 from batchproof.probe.matrix import Matrix
@@ -128,7 +128,13 @@ def run_once(target: Target | None, configuration: str, matrix_path: Path | None
     if unreachable is not None:  # nothing measured, nothing to judge or draw
         return summary(witness, [], unreachable, judged.decode_ratio_c4_over_c1,
                        {"witness": witness_path.name, "report": None})
-    reasons = judge(parse_witness(json.dumps(witness)), judged)
+    try:
+        reasons = judge(parse_witness(json.dumps(witness)), judged)
+    except WitnessError as error:
+        # Nothing to judge: the probe fired no band, since the server was not deterministic alone
+        # (its two m=1 runs differ); that is the verdict's reason, not a reason to stop the board.
+        why = (witness.get("reference") or {}).get("reason") or str(error)
+        reasons = [f"reference: the m=1 reference is not stable: {why}"]
     verdict = NOT_ADMISSIBLE if reasons else ADMISSIBLE
     report_path.write_text(render(witness, verdict, reasons, judged.decode_ratio_c4_over_c1, witness_path.name),
                            encoding="utf-8")
