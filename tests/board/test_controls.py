@@ -48,9 +48,11 @@ def test_paths_are_the_board_files_and_variables_are_expanded(monkeypatch) -> No
     assert spec.servers[0].model == Path("/models/m.gguf")
 
 
-def test_the_drift_server_gives_every_member_of_a_slow_burst_the_same_batch(tmp_path: Path) -> None:
-    """16 requests arriving 30 ms apart (a burst of half a second, as a busy machine sends one) form
-    one batch of 16: each reply's logprobs moved by 15 drifts, and the log says m=16 once."""
+@pytest.mark.parametrize("stagger_s", [0.0, 0.03])
+def test_the_drift_server_gives_every_member_of_a_burst_the_same_batch(tmp_path: Path, stagger_s: float) -> None:
+    """16 requests at once (more than socketserver's listen backlog of 5), or 30 ms apart (a burst of
+    half a second, as a busy machine sends one), form one batch of 16: each reply's logprobs moved
+    by 15 drifts, and the log says m=16 once."""
     import json
     import threading
     import time
@@ -70,7 +72,7 @@ def test_the_drift_server_gives_every_member_of_a_slow_burst_the_same_batch(tmp_
         threads = [threading.Thread(target=ask, args=(server.url,)) for _ in range(16)]
         for thread in threads:
             thread.start()
-            time.sleep(0.03)
+            time.sleep(stagger_s)
         for thread in threads:
             thread.join()
     assert replies == [entry(0, 16, 1e-3)["logprob"]] * 16

@@ -131,6 +131,9 @@ class DriftServer(ThreadingHTTPServer):
     """On 127.0.0.1 (port 0: a free one), served from a thread; a `with` block starts and stops it."""
 
     daemon_threads = True
+    # socketserver's listen backlog is 5: a burst of 16 connections lost the rest to SYN retries (a
+    # second each), so a band of 16 formed as batches of 6 to 9 on the board.
+    request_queue_size = 128
 
     def __init__(self, log_path: Path, drift: float = 1e-3, window_s: float = 0.2,
                  token_delay_s: float = 0.002) -> None:
