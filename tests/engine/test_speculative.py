@@ -120,6 +120,32 @@ def test_a_step_keeps_only_the_drafts_that_pay_for_their_rows():
     assert _worth_their_rows(seqs(0.05, 3), [[7]] * 3) == [[7], [], []]  # one probe: 4 rows
 
 
+def test_step_costs_follow_this_engine_s_timings():
+    """The table until timed; then each measured row count's median (one slow step ignored), and
+    the table's shape between and past them. A dearer 2-row step here drafts less."""
+    from batchproof.engine.speculative.cost import StepCost, step_cost
+
+    cost = StepCost()
+    assert [cost(r) for r in (1, 2, 4, 16, 40)] == [step_cost(r) for r in (1, 2, 4, 16, 40)]
+    for _ in range(5):
+        cost.observe(1, 0.010)
+    assert cost(2) == step_cost(2)  # only one row count known: nothing to compare
+    for seconds in (0.015, 0.015, 0.150, 0.015):  # a busy machine's odd step
+        cost.observe(2, seconds)
+    assert cost(2) == pytest.approx(1.5)
+    assert cost(4) == pytest.approx(step_cost(4) * 1.5 / step_cost(2))  # past the last measured: its correction
+    for _ in range(3):
+        cost.observe(4, 0.018)
+    assert cost(4) == pytest.approx(1.8)
+    assert cost(3) == pytest.approx(step_cost(3) * (1.5 / step_cost(2) + 1.8 / step_cost(4)) / 2)  # between
+
+    cheap, dear = Drafter([1, 2, 1, 2, 1, 2], 15), Drafter([1, 2, 1, 2, 1, 2], 15, cost)
+    for drafter in (cheap, dear):
+        accept(drafter, 4, 1, 1)
+        accept(drafter, 4, 1, 0)  # half of the drafted tokens taken
+    assert not cheap.is_probing and dear.is_probing  # 1.5 tokens: worth 1.17 steps, not 1.5
+
+
 # --- alone: speculative == plain ------------------------------------------------------------
 
 @pytest.mark.parametrize("text", [EDIT, EXTRACT, FREE])
@@ -130,6 +156,15 @@ def test_greedy_alone_is_bitwise_plain_decoding(engine, plain, text):
     if text is EDIT:  # copying: the path under test is the verifying one
         assert spec[-1].num_accepted_tokens > 0
         assert spec[-1].num_accepted_tokens <= spec[-1].num_draft_tokens
+
+
+def test_the_engine_times_its_decode_steps_by_row_count(engine):
+    """Every decode step's rows (its sequences and their drafts) are timed into the engine's
+    step costs."""
+    ids = chat(engine, EDIT)
+    alone(engine, ids, greedy(max_tokens=48, cache_namespace=None))
+    assert engine.step_cost.rows_timed[0] == 1 and len(engine.step_cost.rows_timed) > 1  # drafts were verified
+    assert engine.step_cost.rows_timed[-1] <= 16
 
 
 @pytest.mark.parametrize("seed", [0, 1])

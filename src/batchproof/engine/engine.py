@@ -28,6 +28,7 @@ from batchproof.engine.sampler import logit_bias_row
 from batchproof.engine.sampling_params import SamplingParams
 from batchproof.engine.scheduler import ScheduledStep, Scheduler
 from batchproof.engine.sequence import RequestOutput, Sequence, Status
+from batchproof.engine.speculative.cost import StepCost
 from batchproof.engine.speculative.drafter import Drafter
 from batchproof.engine.speculative.propose import propose
 from batchproof.engine.speculative.verify import verify
@@ -121,6 +122,9 @@ class Engine:
         self._batch_max = 0
         self._batch_drafts: list[tuple[str, int, int]] = []
         self._stepping: list[Sequence] = []  # whom the current step runs (fail_step ends them)
+        # What a decode step of n rows costs here, timed as it runs: which drafts pay (speculative/).
+        self.step_cost = StepCost()
+        self._drafting_s = 0.0
         self.outputs = OutputProcessor(self.end_ids, self.max_model_len, self.model.ops.normalizer_and_top_k,
                                        self.model.ops.first_max, config.grammar_mask_timeout_s)
 
@@ -196,7 +200,7 @@ class Engine:
         seq = Sequence(request_id, list(prompt_ids), params, TextStream(self.tokenizer, params.stop), generator,
                        logit_bias=logit_bias_row(params.logit_bias, self.tokenizer.vocab_size))
         if self.is_speculative and params.max_tokens > 1:
-            seq.drafter = Drafter(seq.prompt_ids, self.config.max_draft_tokens)
+            seq.drafter = Drafter(seq.prompt_ids, self.config.max_draft_tokens, self.step_cost)
         if params.constraint is not None and params.max_tokens:  # (scoring alone chooses no token)
             seq.grammar = GrammarState(self.tokenizer, params.constraint.grammar)
         seq.weight_versions = [(0, self.weight_version)]
@@ -260,6 +264,9 @@ class Engine:
                 outputs += verify(self.outputs, seqs, drafts, logits)
             elif seqs:  # a prefill step that completed no prompt chooses nothing
                 outputs += self.outputs.process(seqs, logits, prompt_records)
+            if scheduled.decode:  # what its rows cost, choosing their tokens included, drafting not
+                self.step_cost.observe(len(seqs) + sum(map(len, drafts)),
+                                       time.perf_counter() - started - self._drafting_s)
         self._stepping = []
         return self._forget_finished(outputs)
 
@@ -298,7 +305,9 @@ class Engine:
         step's: one row per sequence, and one more per drafted token)."""
         if scheduled.decode:
             decode = scheduled.decode
-            drafts = propose(decode, self.max_model_len)
+            started = time.perf_counter()
+            drafts = propose(decode, self.max_model_len, self.step_cost)
+            self._drafting_s = time.perf_counter() - started  # (a grammar's forced tokens may be waited for)
             logits = self.runner.decode(decode, drafts) if any(drafts) else self.runner.decode(decode)
             return decode, logits, [None] * len(decode), drafts
         with prefill_heap():

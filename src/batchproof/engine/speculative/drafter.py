@@ -1,6 +1,8 @@
 """One sequence's drafting: its n-gram index, its measured acceptance, the draft length that
 acceptance pays for, and its counts (proposed, accepted) for /metrics and the log."""
 
+from collections.abc import Callable
+
 from batchproof.engine.speculative.cost import expected_accepted, step_cost
 from batchproof.engine.speculative.lookup import NgramIndex
 
@@ -17,8 +19,9 @@ MAX_WAIT = 31
 
 
 class Drafter:
-    def __init__(self, prompt_ids: list[int], max_len: int) -> None:
+    def __init__(self, prompt_ids: list[int], max_len: int, cost: Callable[[int], float] = step_cost) -> None:
         self.index = NgramIndex(prompt_ids)
+        self._cost = cost  # a step of n rows, relative to one (the engine's StepCost)
         self._num_prompt_tokens = len(prompt_ids)
         self.lengths = tuple(sorted({k for k in LENGTHS if k < max_len} | {max_len}))
         # Per-token acceptance as counts: drafted positions tried (each after an accepted one) and
@@ -37,7 +40,7 @@ class Drafter:
 
     def _value(self, k: int) -> float:
         """Tokens per unit of cost of a step with a k-token draft, alone (1 without one)."""
-        return (1 + expected_accepted(self.acceptance, k)) / step_cost(k + 1)
+        return (1 + expected_accepted(self.acceptance, k)) / self._cost(k + 1)
 
     @property
     def length(self) -> int:
