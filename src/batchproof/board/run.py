@@ -9,7 +9,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -107,16 +107,11 @@ def all_kept(server: ServerSpec, workdir: Path) -> bool:
                for configuration in server.configurations for n in range(1, RUNS + 1))
 
 
-@contextmanager
-def not_started():
-    yield None
-
-
 def server_rows(server: ServerSpec, matrix_path: Path | None, matrix: Matrix, contract: Contract,
                 workdir: Path, host: str, resume: bool = False) -> list[dict[str, Any]]:
     workdir.mkdir(parents=True, exist_ok=True)
     # Resumed, a server whose runs all have witnesses is checked again without being started.
-    with not_started() if resume and all_kept(server, workdir) else reached(server, workdir, host) as found:
+    with nullcontext() if resume and all_kept(server, workdir) else reached(server, workdir, host) as found:
         if isinstance(found, str):
             say(f"{server.name}: {found}")
             return [not_run(server, c, found) for c in server.configurations]

@@ -22,16 +22,21 @@ STEP_COST = {1: 1.0, 2: 1.17, 3: 1.51, 4: 1.79, 5: 3.40, 6: 3.56, 7: 3.80, 8: 3.
 _ROWS = sorted(STEP_COST)
 
 
+def _between(points: dict[int, float], rows: int) -> float:
+    """points' value at `rows`: linear between the nearest two around it, the nearest's outside them."""
+    lower = max((r for r in points if r <= rows), default=min(points))
+    upper = min((r for r in points if r >= rows), default=max(points))
+    if lower == upper:
+        return points[lower]
+    return points[lower] + (rows - lower) * (points[upper] - points[lower]) / (upper - lower)
+
+
 def step_cost(rows: int) -> float:
     """The table, linear between its rows and past its end."""
-    if rows in STEP_COST:
-        return STEP_COST[rows]
-    lower = max((r for r in _ROWS if r < rows), default=_ROWS[0])
-    upper = min((r for r in _ROWS if r > rows), default=None)
-    if upper is None:  # past the table: its last slope
+    if rows > _ROWS[-1]:  # past the table: its last slope
         a, b = _ROWS[-2], _ROWS[-1]
         return STEP_COST[b] + (rows - b) * (STEP_COST[b] - STEP_COST[a]) / (b - a)
-    return STEP_COST[lower] + (rows - lower) * (STEP_COST[upper] - STEP_COST[lower]) / (upper - lower)
+    return _between(STEP_COST, rows)
 
 
 def expected_accepted(p: float, k: int) -> float:
@@ -83,14 +88,4 @@ class StepCost:
         anchor = min(medians)
         # correction at each measured row count: measured cost / table cost (1 at the anchor)
         factor = {rows: medians[rows] / medians[anchor] * step_cost(anchor) / step_cost(rows) for rows in medians}
-        known = sorted(factor)
-        table = {}
-        for rows in range(1, self.MAX_ROWS + 1):
-            lower = max((r for r in known if r <= rows), default=known[0])
-            upper = min((r for r in known if r >= rows), default=known[-1])
-            if lower == upper:
-                f = factor[lower]
-            else:
-                f = factor[lower] + (rows - lower) * (factor[upper] - factor[lower]) / (upper - lower)
-            table[rows] = step_cost(rows) * f
-        return table
+        return {rows: step_cost(rows) * _between(factor, rows) for rows in range(1, self.MAX_ROWS + 1)}
