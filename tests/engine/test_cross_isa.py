@@ -115,15 +115,17 @@ def test_linear_on_every_quantized_type_and_its_embedding_rows(level, qtype):
 @pytest.mark.skipif(not (kernels.available() and kernels.isa_level() >= 2), reason="no AVX-512 here")
 @pytest.mark.parametrize("pairs", [True, False], ids=["pairs", "8-lane"])
 @pytest.mark.parametrize("qtype", QUANT_TYPES[:8], ids=lambda t: t.name)
-def test_one_row_at_avx512_pairing_weight_rows_or_not(qtype, pairs):
-    """One row of x at the AVX-512 level, with two weight rows a 16-lane register or the 8-lane
-    code (the CPU picks: not paired on Zen 4), forced either way: the portable path's bits."""
+def test_every_row_count_at_avx512_pairing_or_not(qtype, pairs):
+    """1 to 17 rows of x at the AVX-512 level, the CPU's choice forced either way (the CPU picks:
+    not paired on Zen 4): paired, one row takes two weight rows a 16-lane register and 5 to 8 (16
+    for Q8_0, Q6_K) rows of x go two a register; not, one row runs the 8-lane code and 5 to 8 the
+    tall 8-lane tile (quant.h's TALL_ROWS). Each the portable path's bits."""
     k = 512
     raw = RawTensor(random_blocks(qtype, 37, k, seed=int(qtype) + 3), int(qtype), (37, k))
-    weight, x, b = quant_weight(raw), awkward(1, k, seed=int(qtype) + 5), awkward(37, seed=2)
+    weight, x, b = quant_weight(raw), awkward(17, k, seed=int(qtype) + 5), awkward(37, seed=2)
     kernels.prefer_pairs(pairs)
     try:
-        assert_same_bits(2, lambda: kernels.linear_q(x, weight, b, 2))
+        assert_same_bits(2, lambda: [kernels.linear_q(x[:m], weight, b, 2) for m in range(1, 18)])
     finally:
         kernels.prefer_pairs(None)
 

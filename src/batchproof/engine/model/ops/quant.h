@@ -89,11 +89,21 @@ BP_INTERNAL __attribute__((target("avx2,f16c"))) void bp_dequant_q8_avx2(const u
  * more, rows x outputs accumulators must leave registers for the unpacking (4 x 3 spilled
  * some, and ran ~5% slower than 4 x 2). Two rows take 4 outputs of Q4_0, Q4_1, Q8_0 (unpacked
  * 8 weights at a time) but 2 of the others, whose group of 32 unpacked quants also takes
- * registers (2 x 4 ran 10-15% slower for Gemma 3's Q5_0 and Q4_K). Past 4 rows, unpacking a
- * tile once into a buffer for all of them is faster (16 rows: 3.3 against 4.1 ms a row for
- * the default model's matmuls). The width changes no bit: each output is its own sum. */
+ * registers (2 x 4 ran 10-15% slower for Gemma 3's Q5_0 and Q4_K). Past 4 rows, with 16
+ * registers, unpacking a tile once into a buffer for all of them is faster (16 rows: 3.3 against
+ * 4.1 ms a row for the default model's matmuls); with AVX-512's 32, the tall tile below or the
+ * pairs tile takes up to 8 rows. The width and the tile change no bit: each output is its own
+ * sum, its terms in the same order. */
 #define QW 8
 #define FUSED_ROWS 4
+/* AVX-512 hosts whose 512-bit operations are split in two (Zen 4: bp_pairs_pay is 0) take up to
+ * TALL_ROWS rows on the register path too: with 32 registers, 8 rows x 2 outputs keep their 16
+ * accumulators and the unpacking in registers, one 8-lane FMA per row and weight chunk, where
+ * the pairs tile (below) runs a 16-lane FMA (two halves' work on Zen 4) per pair of rows: 5 rows
+ * cost as 6, and the unpacked chunk is copied to both halves. Measured on Zen 4 (the default
+ * model's matmuls and Q8_0 LM head, bench/step_cost.py's shapes): 5, 6, 7, 8 rows took 0.82,
+ * 0.92, 0.78, 0.87 of the pairs tile's time; a 5-row step costs 1.18 of a 4-row one, not 1.44. */
+#define TALL_ROWS 8
 static inline int fused_width(int type, int64_t M) {
     if (M == 1) return QW;
     return M == 2 && (type == T_Q4_0 || type == T_Q4_1 || type == T_Q8_0) ? QW / 2 : 2;
@@ -112,7 +122,7 @@ BP_INTERNAL qtile_fn bp_pick_qtile(int type);
  * the type's dequant, vectorized), or NULL: the type's dequant then fills the buffer. */
 BP_INTERNAL dequant_fn bp_pick_unpack_row(int type);
 
-/* ---- AVX-512, a batch's decode step (FUSED_ROWS < M <= xp_max_rows): x packed in pairs ----
+/* ---- AVX-512, a batch's decode step (bp_fused_rows < M <= xp_max_rows): x packed in pairs ----
  *
  * With 32 registers, XP_ROWS rows of x (4 pairs, bp_pack_pairs) against XP_WIDTH weight rows
  * keep 16 accumulators, so each block is unpacked in registers once for 8 rows, where the
@@ -134,6 +144,9 @@ typedef void (*xtile_fn)(const float *xp, int64_t stride, const uint8_t *w, int6
 BP_INTERNAL xtile_fn bp_pick_xtile(int type);
 /* Whether the AVX-512 one-row tile pairs two weight rows a register on this CPU (isa.c). */
 BP_INTERNAL int bp_pairs_pay(void);
+/* The most rows the register path takes for this type here: TALL_ROWS on an AVX-512 host where
+ * pairs do not pay, else FUSED_ROWS (quant_tiles.c). */
+BP_INTERNAL int bp_fused_rows(int type);
 
 /* ---- the register path's twins: one name, a file per instruction set (ggml's way) ----
  *

@@ -43,7 +43,7 @@ static void linear_q_fused(qtile_fn tile, const float *x, const uint8_t *w, int 
     for (int64_t t = 0; t < num_tiles; t++) {
         const int64_t n = t * width;
         const int nt = (int)(N - n < width ? N - n : width);
-        float sums[FUSED_ROWS * QW];
+        float sums[TALL_ROWS * QW];
         const int64_t next = n + PREFETCH_TILES * width < N ? n + PREFETCH_TILES * width : n;
         tile(x, w + n * row_bytes, row_bytes, sums, K, (int)M, nt, w + next * row_bytes);
         bp_store_tile(sums, QW, b, y, 0, n, (int)M, nt, ldy, accumulate);
@@ -135,8 +135,9 @@ void bp_linear_q(const float *x, const uint8_t *w, int type, int64_t row_bytes, 
                  int64_t ldy, int64_t M, int64_t N, int64_t K, int accumulate, int num_threads) {
     const block_type *t = bp_block_type(type);
     if (!t) return; /* not a type we run */
-    qtile_fn fused_tile = M <= FUSED_ROWS ? bp_pick_qtile(type) : NULL;
-    xtile_fn pairs_tile = M > FUSED_ROWS && M <= xp_max_rows(type) ? bp_pick_xtile(type) : NULL;
+    const int fused_rows = bp_fused_rows(type);
+    qtile_fn fused_tile = M <= fused_rows ? bp_pick_qtile(type) : NULL;
+    xtile_fn pairs_tile = M > fused_rows && M <= xp_max_rows(type) ? bp_pick_xtile(type) : NULL;
     if (fused_tile)
         linear_q_fused(fused_tile, x, w, type, row_bytes, b, y, ldy, M, N, K, accumulate, num_threads);
     else if (pairs_tile)

@@ -19,3 +19,7 @@ xtile_fn bp_pick_xtile(int type) {
     xtile_fn (*twin)(int) = BP_PICK(bp_xtile_avx512, NULL, NULL);
     return twin ? twin(type) : NULL;
 }
+
+int bp_fused_rows(int type) {
+    return BP_PICK(bp_qtile_avx512(type) != NULL && !bp_pairs_pay(), 0, 0) ? TALL_ROWS : FUSED_ROWS;
+}

@@ -164,6 +164,8 @@ ZINLINE void qtile_xpairs(const float *xp, int64_t stride, const uint8_t *w, int
         qtile_xpairs(xp, stride, w, row_bytes, TYPE, sums, K, (mt + 1) / 2, mt, nt, prefetch);                  \
     }
 
+QTILE_BODY(qtile_tall, TALL_ROWS, 2) /* five to eight, in 32 registers (quant.h's TALL_ROWS) */
+
 /* AVX-512 hosts: two weight rows a register for one row of x where that pays (bp_pairs_pay: not
  * on Zen 4, which splits 512-bit operations), else the 8-lane code with 32 registers. */
 #define QTILE_FN_AVX512(NAME, TYPE)                                                                       \
@@ -173,6 +175,15 @@ ZINLINE void qtile_xpairs(const float *xp, int64_t stride, const uint8_t *w, int
         if (mt == 1 && nt == QW && bp_pairs_pay()) {                                                        \
             qtile_pairs(x, w, row_bytes, TYPE, sums, K, prefetch);                                          \
             return;                                                                                         \
+        }                                                                                                   \
+        if (mt > FUSED_ROWS) { /* bp_fused_rows: up to TALL_ROWS, 2 outputs a tile */                       \
+            switch (nt == 2 ? mt : 0) {                                                                     \
+            case 5: qtile_tall(x, w, row_bytes, TYPE, sums, K, 5, 2, prefetch); return;                     \
+            case 6: qtile_tall(x, w, row_bytes, TYPE, sums, K, 6, 2, prefetch); return;                     \
+            case 7: qtile_tall(x, w, row_bytes, TYPE, sums, K, 7, 2, prefetch); return;                     \
+            case 8: qtile_tall(x, w, row_bytes, TYPE, sums, K, 8, 2, prefetch); return;                     \
+            default: qtile_tall(x, w, row_bytes, TYPE, sums, K, mt, nt, prefetch); return;                  \
+            }                                                                                               \
         }                                                                                                   \
         QTILE_DISPATCH(TYPE);                                                                               \
     }
