@@ -276,19 +276,33 @@ void bp_linear_q_int8(const float *x, const uint8_t *w, int type, int64_t row_by
     const int64_t nb = K / QB, tile_bytes = nb / int8_groups(type) * int8_sb_bytes(type);
     qx_rows qx = {aligned_alloc(64, (size_t)((M * K + 63) / 64 * 64)), malloc((size_t)(M * nb) * 4),
                   malloc((size_t)(M * nb) * 4), malloc((size_t)(M * nb) * 12), M, K, nb};
-    /* Each row's scales depend on that row only, whichever twin quantizes it. */
-    BP_PICK(bp_quantize_x_avx512, bp_quantize_x_avx2, bp_quantize_x_portable)(x, M, K, &qx);
-    const int64_t num_tiles = (N + IW - 1) / IW;
-    /* Threads split outputs, never K: each output is summed by exactly one thread. */
-#pragma omp parallel for schedule(static) num_threads(num_threads)
-    for (int64_t t = 0; t < num_tiles; t++) {
-        const int64_t n = t * IW;
-        const int nt = (int)(N - n < IW ? N - n : IW);
-        float sums[IROWS * IW];
-        for (int64_t m = 0; m < M; m += IROWS) {
-            const int mt = (int)(M - m < IROWS ? M - m : IROWS);
-            tile(&qx, m, mt, w + t * tile_bytes, sums);
-            bp_store_tile(sums, IW, b, y, m, n, mt, nt, ldy, accumulate);
+    const quantize_fn quantize = BP_PICK(bp_quantize_x_avx512, bp_quantize_x_avx2, bp_quantize_x_portable);
+    const int64_t num_tiles = (N + IW - 1) / IW, halves = nb >= 2 ? 2 : 1;
+#pragma omp parallel num_threads(num_threads)
+    {
+        /* Step 1 shared by the threads, by row and half of a row's blocks, before any tile reads
+         * it (the barrier closing the loop): done by one thread, its few microseconds a matmul
+         * left the other thread spinning, and a decode step of 4 rows runs ~120 of them. Each
+         * block's scale and quants depend on that block only, whichever thread and twin
+         * quantizes it. */
+#pragma omp for schedule(static)
+        for (int64_t part = 0; part < M * halves; part++) {
+            const int64_t i = part / halves, b0 = part % halves * nb / halves, b1 = (part % halves + 1) * nb / halves;
+            const int64_t at = i * nb + b0;
+            qx_rows piece = {qx.q + i * K + b0 * QB, qx.d + at, qx.sx + at, qx.sum + 3 * at, 1, (b1 - b0) * QB, b1 - b0};
+            quantize(x + i * K + b0 * QB, 1, piece.K, &piece);
+        }
+        /* Threads split outputs, never K: each output is summed by exactly one thread. */
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < num_tiles; t++) {
+            const int64_t n = t * IW;
+            const int nt = (int)(N - n < IW ? N - n : IW);
+            float sums[IROWS * IW];
+            for (int64_t m = 0; m < M; m += IROWS) {
+                const int mt = (int)(M - m < IROWS ? M - m : IROWS);
+                tile(&qx, m, mt, w + t * tile_bytes, sums);
+                bp_store_tile(sums, IW, b, y, m, n, mt, nt, ldy, accumulate);
+            }
         }
     }
     free(qx.q); free(qx.d); free(qx.sx); free(qx.sum);
