@@ -31,22 +31,29 @@ static void linear_q_fused(qtile_fn tile, const float *x, const uint8_t *w, int 
                            int num_threads) {
     const int width = fused_width(type, M);
     const int64_t num_tiles = (N + width - 1) / width;
-    float *packed = NULL;
-    if (M > 1) { /* the rows interleaved by 8 (the tile reads them through one pointer) */
-        packed = aligned_alloc(64, (size_t)(M * K * 4 + 63) / 64 * 64);
-        for (int64_t k8 = 0; k8 < K / 8; k8++)
-            for (int64_t i = 0; i < M; i++) memcpy(packed + (k8 * M + i) * 8, x + i * K + k8 * 8, 32);
-        x = packed;
-    }
-    /* Threads split outputs, never K: each output is summed by exactly one thread. */
-#pragma omp parallel for schedule(static) num_threads(num_threads)
-    for (int64_t t = 0; t < num_tiles; t++) {
-        const int64_t n = t * width;
-        const int nt = (int)(N - n < width ? N - n : width);
-        float sums[TALL_ROWS * QW];
-        const int64_t next = n + PREFETCH_TILES * width < N ? n + PREFETCH_TILES * width : n;
-        tile(x, w + n * row_bytes, row_bytes, sums, K, (int)M, nt, w + next * row_bytes);
-        bp_store_tile(sums, QW, b, y, 0, n, (int)M, nt, ldy, accumulate);
+    /* More than one row: the rows interleaved by 8 (the tile reads them through one pointer) */
+    float *packed = M > 1 ? aligned_alloc(64, (size_t)(M * K * 4 + 63) / 64 * 64) : NULL;
+    const float *xt = packed ? packed : x;
+#pragma omp parallel num_threads(num_threads)
+    {
+        /* Packed by both threads, before any tile reads it (the loop's closing barrier): packed
+         * by one, the other spun beside it, which on 2 cores slowed the packing several times
+         * over (int8's quantize of x measured ~4x: quant_int8.c). */
+        if (packed) {
+#pragma omp for schedule(static)
+            for (int64_t k8 = 0; k8 < K / 8; k8++)
+                for (int64_t i = 0; i < M; i++) memcpy(packed + (k8 * M + i) * 8, x + i * K + k8 * 8, 32);
+        }
+        /* Threads split outputs, never K: each output is summed by exactly one thread. */
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < num_tiles; t++) {
+            const int64_t n = t * width;
+            const int nt = (int)(N - n < width ? N - n : width);
+            float sums[TALL_ROWS * QW];
+            const int64_t next = n + PREFETCH_TILES * width < N ? n + PREFETCH_TILES * width : n;
+            tile(xt, w + n * row_bytes, row_bytes, sums, K, (int)M, nt, w + next * row_bytes);
+            bp_store_tile(sums, QW, b, y, 0, n, (int)M, nt, ldy, accumulate);
+        }
     }
     free(packed);
 }
