@@ -189,32 +189,11 @@ V8 void itile(const qx_rows *x, int64_t m0, const int mt, const uint8_t *w, floa
     for (int i = 0; i < mt; i++) _mm256_storeu_ps(sums + i * IW, acc[i]);
 }
 
-/* One function per type; every row count a tile takes (1 to IROWS) a constant, so the row loops
- * unroll and the accumulators stay in registers: a count left to the default case (3, 5, 6, 7 were)
- * kept them in memory and ran 10-25% slower than its neighbours (bench/step_cost.py: 5 rows cost
- * 2.0 one-row steps against 1.6 once constant, on Zen 4; the same bits either way). */
+/* One function per type (quant_int8.h's ITILE_BY_ROWS: every row count a constant). */
 #define ITILE_FN(NAME, TYPE)                                                                             \
     __attribute__((target(VTARGET))) static void NAME(const qx_rows *x, int64_t m0, int mt,            \
                                                       const uint8_t *w, float *sums) {                 \
-        switch (mt) {                                                                                   \
-        case 1: itile(x, m0, 1, w, sums, TYPE); break;                                                  \
-        case 2: itile(x, m0, 2, w, sums, TYPE); break;                                                  \
-        case 3: itile(x, m0, 3, w, sums, TYPE); break;                                                  \
-        case 4: itile(x, m0, 4, w, sums, TYPE); break;                                                  \
-        case 5: itile(x, m0, 5, w, sums, TYPE); break;                                                  \
-        case 6: itile(x, m0, 6, w, sums, TYPE); break;                                                  \
-        case 7: itile(x, m0, 7, w, sums, TYPE); break;                                                  \
-        case 8: itile(x, m0, 8, w, sums, TYPE); break;                                                  \
-        case 9: itile(x, m0, 9, w, sums, TYPE); break;                                                  \
-        case 10: itile(x, m0, 10, w, sums, TYPE); break;                                                \
-        case 11: itile(x, m0, 11, w, sums, TYPE); break;                                                \
-        case 12: itile(x, m0, 12, w, sums, TYPE); break;                                                \
-        case 13: itile(x, m0, 13, w, sums, TYPE); break;                                                \
-        case 14: itile(x, m0, 14, w, sums, TYPE); break;                                                \
-        case 15: itile(x, m0, 15, w, sums, TYPE); break;                                                \
-        case 16: itile(x, m0, 16, w, sums, TYPE); break;                                                \
-        default: itile(x, m0, mt, w, sums, TYPE);                                                       \
-        }                                                                                               \
+        ITILE_BY_ROWS(TYPE)                                                                              \
     }
 ITILE_FN(q4_0_vnni, T_Q4_0)
 ITILE_FN(q4_1_vnni, T_Q4_1)
