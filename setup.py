@@ -24,7 +24,7 @@ setup(
                                                      "quant_dequant", "quant_dequant_avx2", "quant_tiles",
                                                      "quant_tiles_avx2", "quant_tiles_avx512", "quant_linear",
                                                      "quant_int8", "quant_int8_avx2", "quant_int8_avx512",
-                                                     "layers", "module")],
+                                                     "quant_int8_linear", "layers", "module")],
             depends=[f"{OPS}/{name}.h"
                      for name in ("kernels", "lanes", "exp_poly", "quant", "quant_tiles", "quant_int8")],
             extra_compile_args=compile_args,

@@ -1,0 +1,55 @@
+/* The int8 numerics' matmul driver (--numerics int8): x quantized by the threads together, then
+ * each tile of 8 weight rows against every row of x by the twin of the instruction set in use
+ * (quant_int8.c, quant_int8_avx2.c, quant_int8_avx512.c); weights with no quants take the float
+ * path. The arithmetic is quant_int8.h's. */
+#include <stdlib.h>
+
+#include "lanes.h"
+#include "quant_int8.h"
+
+/* y[:, 0:N] (+)= x @ w^T (+ b) in the int8 numerics, w in this numerics' layout
+ * (bp_int8_repack; row_bytes unused); weights with no quants (F16, BF16, F32) are never
+ * repacked and take the float path (bp_linear_q), whose bits are the same in either numerics. */
+void bp_linear_q_int8(const float *x, const uint8_t *w, int type, int64_t row_bytes, const float *b, float *y,
+                      int64_t ldy, int64_t M, int64_t N, int64_t K, int accumulate, int num_threads) {
+    /* the AVX-512 level's tiles need VNNI as well; without it, the AVX2 twin's (the same bits) */
+    itile_fn tile = BP_PICK(bp_isa_vnni() ? bp_itile_avx512(type) : bp_itile_avx2(type), bp_itile_avx2(type),
+                            bp_itile_portable(type));
+    if (!tile || K % (QB * int8_groups(type))) {
+        bp_linear_q(x, w, type, row_bytes, b, y, ldy, M, N, K, accumulate, num_threads);
+        return;
+    }
+    const int64_t nb = K / QB, tile_bytes = nb / int8_groups(type) * int8_sb_bytes(type);
+    qx_rows qx = {aligned_alloc(64, (size_t)((M * K + 63) / 64 * 64)), malloc((size_t)(M * nb) * 4),
+                  malloc((size_t)(M * nb) * 4), malloc((size_t)(M * nb) * 12), M, K, nb};
+    const quantize_fn quantize = BP_PICK(bp_quantize_x_avx512, bp_quantize_x_avx2, bp_quantize_x_portable);
+    const int64_t num_tiles = (N + IW - 1) / IW, halves = nb >= 2 ? 2 : 1;
+#pragma omp parallel num_threads(num_threads)
+    {
+        /* Step 1 shared by the threads, by row and half of a row's blocks, before any tile reads
+         * it (the barrier closing the loop): done by one thread, its few microseconds a matmul
+         * left the other thread spinning, and a decode step of 4 rows runs ~120 of them. Each
+         * block's scale and quants depend on that block only, whichever thread and twin
+         * quantizes it. */
+#pragma omp for schedule(static)
+        for (int64_t part = 0; part < M * halves; part++) {
+            const int64_t i = part / halves, b0 = part % halves * nb / halves, b1 = (part % halves + 1) * nb / halves;
+            const int64_t at = i * nb + b0;
+            qx_rows piece = {qx.q + i * K + b0 * QB, qx.d + at, qx.sx + at, qx.sum + 3 * at, 1, (b1 - b0) * QB, b1 - b0};
+            quantize(x + i * K + b0 * QB, 1, piece.K, &piece);
+        }
+        /* Threads split outputs, never K: each output is summed by exactly one thread. */
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < num_tiles; t++) {
+            const int64_t n = t * IW;
+            const int nt = (int)(N - n < IW ? N - n : IW);
+            float sums[IROWS * IW];
+            for (int64_t m = 0; m < M; m += IROWS) {
+                const int mt = (int)(M - m < IROWS ? M - m : IROWS);
+                tile(&qx, m, mt, w + t * tile_bytes, sums);
+                bp_store_tile(sums, IW, b, y, m, n, mt, nt, ldy, accumulate);
+            }
+        }
+    }
+    free(qx.q); free(qx.d); free(qx.sx); free(qx.sum);
+}
