@@ -350,3 +350,21 @@ def test_gemma_copying_is_bitwise_plain_decoding():
         out = alone(spec, ids, params)
         assert signature(out) == signature(alone(ref, ids, params))
     assert out[-1].num_accepted_tokens > 0
+
+
+@pytest.mark.usefixtures("gemma_package")
+def test_gemma_a_batch_of_16_mixed_requests_is_bitwise_each_alone_and_plain():
+    """The second model in a batch of 16: copying prompts (which draft while the batch is short of
+    full, as its prompts are still being fed) beside free ones, greedy and seeded, top-20."""
+    from pathlib import Path
+    config = dict(model_path=Path("gemma3-270m"), device="cpu", max_batch=16, max_model_len=512)
+    spec = Engine(EngineConfig(**config))
+    ref = Engine(EngineConfig(**config, speculative=False, prefix_cache=False))
+    bos = spec.tokenizer.ids.bos_id
+    prompts = [[bos, *spec.tokenizer.encode(f"Text: {PASSAGE}\n\nThe same text, repeated:\n")],
+               [bos, *spec.tokenizer.encode("The capital of France is")],
+               [bos, *spec.tokenizer.encode("One, two, three, four, five, six,")]]
+    requests = {f"g{i}": (prompts[i % 3], greedy(24) if i % 2 else seeded(i, 24)) for i in range(16)}
+    together = spec.generate(requests)
+    for request_id, (ids, params) in requests.items():
+        assert signature(together[request_id]) == signature(alone(ref, ids, params, request_id)), request_id
