@@ -38,7 +38,7 @@ static void linear_q_fused(qtile_fn tile, const float *x, const uint8_t *w, int 
     {
         /* Packed by both threads, before any tile reads it (the loop's closing barrier): packed
          * by one, the other spun beside it, which on 2 cores slowed the packing several times
-         * over (int8's quantize of x measured ~4x: quant_int8.c). */
+         * over (int8's quantize of x measured ~4x: quant_int8_linear.c). */
         if (packed) {
 #pragma omp for schedule(static)
             for (int64_t k8 = 0; k8 < K / 8; k8++)
