@@ -268,3 +268,25 @@ def test_the_next_turn_finds_every_position_the_last_one_computed(warm, cold):
     hot = run(warm, {"tail2": (turn_two, params())})["tail2"]
     assert hot[-1].num_cached_tokens == computed
     assert signature(hot) == signature(run(cold, {"tail2c": (turn_two, params())})["tail2c"])
+
+
+def test_a_shared_prefix_serves_a_batch_whose_own_keys_outgrow_the_budget(cold):
+    """32 requests sharing a cached system prompt on 16 slots, their replies of different lengths:
+    the first 16, admitted together, hold more keys and values than the whole budget, yet each
+    copies the prefix at admission (before the step makes room for them); the other 16 are
+    admitted one by one as slots free, while the rest still outgrow the budget, and find it
+    because the cache keeps its most recent quarter. Every reply the bits of an engine without
+    a cache."""
+    small = Engine(EngineConfig(device="cpu", max_batch=16, prefix_cache_mb=64))
+    cache = small.prefix_cache
+    system = chat(small, ("system", SYSTEM))
+    run(small, {"warm": (chat(small, ("system", SYSTEM), ("user", "Hello.")), params(max_tokens=2))})
+    prompts = {f"q{i}": chat(small, ("system", SYSTEM), ("user", f"Question {i}: what are your hours? " * 4))
+               for i in range(32)}
+    assert sum(len(prompts[f"q{i}"]) for i in range(16)) * small.caches.kv.bytes_per_token > cache.budget_bytes
+    requests = {rid: (ids, params(max_tokens=2 + i % 16)) for i, (rid, ids) in enumerate(prompts.items())}
+    hot, fresh = run(small, requests), run(cold, requests)
+    for rid in prompts:
+        assert hot[rid][-1].num_cached_tokens >= 16 * (len(system) // 16 - 1), rid
+        assert signature(hot[rid]) == signature(fresh[rid])
+    assert cache.nbytes <= cache.budget_bytes

@@ -162,7 +162,8 @@ _TEXT = st.text(max_size=40) | st.sampled_from(["", "x", "\n" * 50, "root ::= \"
 _SCHEMAS = st.dictionaries(st.sampled_from(["type", "properties", "items", "enum", "pattern", "minLength",
                                             "required", "anyOf", "$ref", "maxItems"]), JSON_VALUES, max_size=3)
 SHAPED = {
-    "structured_outputs": st.one_of(st.builds(lambda t: {"grammar": t}, _TEXT), st.builds(lambda t: {"regex": t}, _TEXT),
+    "structured_outputs": st.one_of(st.builds(lambda t: {"grammar": t}, _TEXT),
+                                    st.builds(lambda t: {"regex": t}, _TEXT),
                                     st.builds(lambda s: {"json": s}, _SCHEMAS),
                                     st.builds(lambda c: {"choice": c}, st.lists(_TEXT, max_size=3))),
     "response_format": st.builds(lambda s: {"type": "json_schema", "json_schema": {"name": "x", "schema": s}},

@@ -90,7 +90,7 @@ class EngineConfig:
     prefix_cache_mb: int = field(
         default=128,
         metadata={"help": "memory, in MiB, that the prefix cache and the running sequences' keys and values share: "
-                          "cached blocks make way as running sequences grow"},
+                          "cached blocks make way as running sequences grow, down to a quarter of it"},
     )
 
     def __post_init__(self) -> None:

@@ -62,7 +62,11 @@ class ModelRunner:
         """Its opening blocks from the prefix cache (and their prompt records, when it scores).
         A refill (a keep-mode weight swap) computes every position afresh and scores nothing: its
         prompt was scored, if asked, under the weights that chose its first token."""
-        reused = Reused() if seq.is_refilling else self.caches.reuse(seq)
+        if seq.is_refilling:
+            reused = Reused()
+        else:  # copied at admission (a prefill started over after a weight swap asks again)
+            reused = seq.reused if seq.reused is not None else self.caches.reuse(seq)
+        seq.reused = None
         scored: list = [None, *reused.records]  # nothing predicts a first token
         size = self.max_prefill_tokens
         for start, rows in reused.unscored:

@@ -70,8 +70,9 @@ class Scheduler:
         return retired + aborted_waiting
 
     def _admit(self) -> None:
-        """Newcomers take free slots in arrival order; their prompts are fed in that order."""
-        while self.waiting and self.caches.take_slot(self.waiting[0]):
+        """Newcomers take free slots in arrival order, with what the prefix cache holds of their
+        prompts; their prompts are fed in that order."""
+        while self.waiting and self.caches.admit(self.waiting[0]):
             seq = self.waiting.popleft()
             seq.status = Status.RUNNING
             self.running.append(seq)

@@ -4,6 +4,7 @@ import enum
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -12,6 +13,9 @@ from batchproof.engine.logprobs import TokenRecord
 from batchproof.engine.sampling_params import SamplingParams
 from batchproof.engine.speculative.drafter import Drafter
 from batchproof.engine.text.text_stream import TextStream
+
+if TYPE_CHECKING:
+    from batchproof.engine.cache.manager import Reused
 
 
 class Status(enum.Enum):
@@ -90,6 +94,7 @@ class Sequence:
     is_aborted: bool = False
     num_computed: int = 0  # leading positions whose keys and values are in the slot
     prefill: PrefillProgress | None = None  # while the prompt is part-way through prefill
+    reused: "Reused | None" = None  # what the prefix cache gave it at admission, until its prefill starts
     num_cached_tokens: int = 0  # of the prompt's, copied from the prefix cache
     finish_reason: str | None = None
     error: str | None = None

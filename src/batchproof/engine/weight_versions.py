@@ -44,6 +44,7 @@ def refeed(seq: Sequence, version: str) -> bool:
     had_computed = seq.num_computed > 0
     seq.num_computed = 0
     seq.prefill = None
+    seq.reused = None  # copied from the old weights' cache: a prefill starting over asks the new one
     if seq.status is Status.FINISHED or seq.is_aborted:
         return False
     if seq.output_ids:

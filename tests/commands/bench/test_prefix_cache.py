@@ -35,10 +35,21 @@ def test_rounds(monkeypatch):
     assert len(figures.ttft_runs.cold) == len(figures.ttft_runs.cached) == 2
     assert {name: len(runs) for name, runs in figures.c16_runs.items()} == {"cache": 2, "no_cache": 2}
     assert figures.c16_distinct_tok_s["cache"] > 0 and figures.lm_eval == "left out"
-    # Per round, the cache server gets a TTFT pair (one system prompt, two questions) and 16
-    # prompts sharing nothing; the other server only the 16.
-    ttft = [b for b in cache.state.requests if b["max_tokens"] == 1]
-    systems = [b["messages"][0]["content"] for b in ttft]
+    assert {name: len(runs) for name, runs in figures.shared_runs.items()} == {"cache": 2, "no_cache": 2}
+    assert figures.shared_c16_wall_s["cache"] > 0 and figures.shared_c16_cached_tokens == {"cache": 0, "no_cache": 0}
+    # Per round, the cache server gets a TTFT pair (one system prompt, two questions), 16
+    # prompts sharing nothing, and 16 sharing a system prompt one request put in the cache
+    # first; the other server the last two.
+    def system(body: dict) -> str:
+        return body["messages"][0]["content"]
+
+    ttft = [b for b in cache.state.requests if b["max_tokens"] == 1 and b["messages"][1]["content"] != "Hello."]
+    systems = [system(b) for b in ttft]
     assert len(ttft) == 4 and systems[0] == systems[1] != systems[2] == systems[3]
-    assert len(cache.state.requests) == 2 * (2 + 16) and len(no_cache.state.requests) == 2 * 16
-    assert len({b["messages"][0]["content"] for b in no_cache.state.requests}) == 2 * 16
+    assert len(cache.state.requests) == 2 * (2 + 16 + 1 + 16) and len(no_cache.state.requests) == 2 * (16 + 1 + 16)
+    for server in (cache, no_cache):  # each round: "Hello." alone, then 16 with its system prompt
+        warm = [b for b in server.state.requests if b["messages"][1]["content"] == "Hello."]
+        assert len(warm) == 2 and system(warm[0]) != system(warm[1])
+        for w in warm:
+            assert sum(system(b) == system(w) for b in server.state.requests) == 17
+    assert len({system(b) for b in no_cache.state.requests}) == 2 * (16 + 1)

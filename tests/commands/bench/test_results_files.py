@@ -67,7 +67,9 @@ def test_prefix_cache(capsys):
     row = load("prefix-cache.json")["prefix_cache"]
     figures = PrefixCacheFigures(ttft_runs=TtftRuns(**row["ttft_runs"]), c16_runs=row["c16_runs"],
                                  lm_eval=LmEvalFigures(**row["lm_eval"]))
-    assert same(figures, row)  # the medians and ratios, recomputed from the runs, are the file's
+    # the medians and ratios, recomputed from the runs, are the file's (a run from before the
+    # shared-prompt band: its figures are None, and the file has none)
+    assert json.dumps({k: v for k, v in as_json(figures).items() if v is not None or k in row}) == json.dumps(row)
     prefix_cache.report(figures)
     assert "cold 5154 ms, cached 167 ms (3.2% of cold)" in capsys.readouterr().out
 

@@ -5,6 +5,8 @@ on, and `--no-prefix-cache`), measured in interleaved rounds. Used by
 - TTFT of a request whose ~1,000-token system prompt is cached, against the same request
   cold (each round's system prompt opens with its own words, so it is new to the server);
 - aggregate decode at c=16 with 16 distinct prompts (nothing shared: the bookkeeping alone);
+- 16 requests at once sharing that cached system prompt (an agent's tools, an evaluation's
+  instructions): their wall time, and the prompt tokens each was served from the cache;
 - lm-evaluation-harness's multiple-choice run (four continuations of one ~500-token
   context, bench/tasks/) on each server: wall time, and whether every log-likelihood is equal.
 """
@@ -57,12 +59,21 @@ class PrefixCacheFigures:
     ttft_cached_over_cold: float = field(init=False)
     c16_cache_over_no_cache: float = field(init=False)
     lm_eval: LmEvalFigures | str
+    # 16 at once sharing a cached system prompt: server -> (wall seconds, median cached prompt
+    # tokens) per round; absent from runs before the band existed.
+    shared_runs: dict[str, list[list[float]]] | None = None
+    shared_c16_wall_s: dict[str, float] | None = field(init=False)
+    shared_c16_cached_tokens: dict[str, float] | None = field(init=False)
 
     def __post_init__(self) -> None:
         self.ttft_cold_s, self.ttft_cached_s = median(self.ttft_runs.cold), median(self.ttft_runs.cached)
         self.c16_distinct_tok_s = {name: median(runs) for name, runs in self.c16_runs.items()}
         self.ttft_cached_over_cold = self.ttft_cached_s / self.ttft_cold_s
         self.c16_cache_over_no_cache = self.c16_distinct_tok_s["cache"] / self.c16_distinct_tok_s["no_cache"]
+        runs = self.shared_runs
+        self.shared_c16_wall_s = None if runs is None else {n: median([r[0] for r in rs]) for n, rs in runs.items()}
+        self.shared_c16_cached_tokens = None if runs is None else {n: median([r[1] for r in rs])
+                                                                   for n, rs in runs.items()}
 
 
 def _chat(system: str, question: str, max_tokens: int, model: str | None) -> dict:
@@ -92,6 +103,16 @@ def distinct_band(url: str, model: str | None, round_number: int, c: int, max_to
               for i in range(c)]
     wall, results = http.fire_all(url, bodies)
     return sum(r.completion_tokens or 0 for r in results) / wall
+
+
+def shared_band(url: str, model: str | None, round_number: int, c: int, max_tokens: int) -> list[float]:
+    """c requests at once after one that put their shared system prompt in the cache ->
+    [wall seconds of the c, the median of their cached prompt tokens (0 where not said)]."""
+    system = f"{http.opening(round_number)}. {SYSTEM}"
+    http.fire_all(url, [_chat(system, "Hello.", 1, model)])
+    bodies = [_chat(system, f"{http.opening(i)}: {QUESTIONS[i % 2]}", max_tokens, model) for i in range(c)]
+    wall, results = http.fire_all(url, bodies)
+    return [wall, median([float(r.cached_tokens or 0) for r in results])]
 
 
 def lm_eval_run(url: str, out: Path) -> tuple[float, list[float]]:
@@ -139,6 +160,7 @@ def measure(model: Path | None, serve_args: list[str], max_tokens: int, repeats:
         models = {name: http.served_model(url) for name, url in urls.items()}
         ttft = TtftRuns()
         bands: dict[str, list[float]] = {name: [] for name in urls}
+        shared: dict[str, list[list[float]]] = {name: [] for name in urls}
         for r in range(repeats):
             cold, cached = ttft_pair(urls["cache"], models["cache"], 1000 + r)
             ttft.cold.append(cold)
@@ -146,7 +168,10 @@ def measure(model: Path | None, serve_args: list[str], max_tokens: int, repeats:
             for name in urls:
                 bands[name].append(distinct_band(urls[name], models[name], 2000 + 2 * r + (name == "cache"), 16,
                                                  max_tokens))
-        return PrefixCacheFigures(ttft_runs=ttft, c16_runs=bands, lm_eval=_lm_eval(urls))
+            for name in urls:
+                shared[name].append(shared_band(urls[name], models[name], 3000 + 2 * r + (name == "cache"), 16,
+                                                max_tokens))
+        return PrefixCacheFigures(ttft_runs=ttft, c16_runs=bands, lm_eval=_lm_eval(urls), shared_runs=shared)
     finally:
         servers.stop(process for process, _ in started.values())
 
@@ -158,6 +183,10 @@ def report(figures: PrefixCacheFigures) -> None:
     c16 = figures.c16_distinct_tok_s
     print(f"  c=16, 16 distinct prompts: {c16['cache']:.1f} tok/s with the cache, {c16['no_cache']:.1f} without "
           f"({figures.c16_cache_over_no_cache:.3f}x)")
+    if figures.shared_c16_wall_s is not None:
+        wall, cached = figures.shared_c16_wall_s, figures.shared_c16_cached_tokens
+        print(f"  c=16 sharing a cached system prompt: {wall['cache']:.2f} s with the cache ({cached['cache']:.0f} "
+              f"prompt tokens cached each), {wall['no_cache']:.2f} s without ({wall['no_cache'] / wall['cache']:.2f}x)")
     lm = figures.lm_eval
     if isinstance(lm, LmEvalFigures):
         print(f"  lm-eval multiple choice ({lm.loglikelihoods} log-likelihoods): {lm.wall_s['no_cache']:.1f} s "

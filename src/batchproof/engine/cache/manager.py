@@ -4,7 +4,7 @@ and the prefix cache, and answers every question about them.
 A slot is taken and given back here only. Given back, the prefix cache first keeps the whole
 blocks of prompt and reply its sequence computed, and the partial block after them, then the
 slot's pages go back to the OS, before a newcomer given the slot writes it. Around a prompt's
-prefill: before it, what the cache holds of the prompt is copied into the slot; after it, the
+prefill: at admission, what the cache holds of the prompt is copied into the slot; after it, the
 prompt's new whole blocks are kept. A request with a cache_namespace of None neither reuses nor leaves prefixes; with
 no prefix cache (off, or a backend that cannot promise the bits) only the slots are managed."""
 
@@ -47,6 +47,17 @@ class CacheManager:
         if not self._free_slots:
             return False
         seq.slot = self._free_slots.pop()
+        return True
+
+    def admit(self, seq: Sequence) -> bool:
+        """Give seq a free slot (False: none is free) and copy into it, now, what the cache holds
+        of its prompt (kept on seq for its prefill): before this step's make_room, which makes way
+        for the newcomers' own keys and values and could otherwise evict the very blocks they
+        share (16 requests with a 400-token system prompt hold more than the default budget:
+        each of them then prefilled it afresh)."""
+        if not self.take_slot(seq):
+            return False
+        seq.reused = self.reuse(seq)
         return True
 
     def free_slot(self, seq: Sequence) -> None:

@@ -25,6 +25,10 @@ from dataclasses import dataclass
 
 import torch
 
+# The share of its budget the cache keeps however much the running sequences hold: they may
+# outgrow the budget (none is refused for it), and a cache left no room then loses the prefixes
+# those very sequences share (a system prompt under load), so each newcomer prefills it afresh.
+KEPT_SHARE = 4  # a quarter
 RECORD_BYTES, ENTRY_BYTES = 200, 160  # a TokenRecord with its floats, and each TopEntry with its own (~180, ~130)
 
 
@@ -172,8 +176,8 @@ class PrefixCache:
     def make_room(self, live_bytes: int) -> None:
         """The running sequences now hold live_bytes of keys and values: cached blocks make
         way for them (vLLM's rule: a cached block is a free block until it is needed), so
-        the cache and the live sequences together stay within the budget (or the live ones
-        alone, if they need more)."""
+        the cache and the live sequences together stay within the budget; where the live ones
+        alone need more, the cache keeps its most recent quarter of it (KEPT_SHARE)."""
         self.live_bytes = live_bytes
         self._evict(keep=[])
 
@@ -184,7 +188,7 @@ class PrefixCache:
 
     @property
     def room(self) -> int:
-        return max(0, self.budget_bytes - self.live_bytes)
+        return max(self.budget_bytes // KEPT_SHARE, self.budget_bytes - self.live_bytes)
 
     def _evict(self, keep: list[bytes]) -> None:
         """Least recently used first, until within budget; the prefix just stored goes last."""
