@@ -290,3 +290,35 @@ def test_a_shared_prefix_serves_a_batch_whose_own_keys_outgrow_the_budget(cold):
         assert hot[rid][-1].num_cached_tokens >= 16 * (len(system) // 16 - 1), rid
         assert signature(hot[rid]) == signature(fresh[rid])
     assert cache.nbytes <= cache.budget_bytes
+
+
+def test_sixteen_at_once_with_a_new_shared_prompt_compute_it_once(cold):
+    """16 requests arriving together whose (uncached) system prompt is most of their prompts: the
+    first is fed, the others wait for its prefill and copy the prefix it stored, so 15 of them
+    report it cached; every reply the bits of an engine without a cache."""
+    system = "You are the archivist of a lighthouse museum; answer from the logbooks, briefly. " * 6
+    prompts = {f"s{i}": chat(cold, ("system", system), ("user", f"Entry {i}?")) for i in range(16)}
+    shared = len(chat(cold, ("system", system))) // 16 * 16
+    eng = Engine(EngineConfig(device="cpu", max_batch=16))
+    hot = run(eng, {rid: (ids, params(max_tokens=3)) for rid, ids in prompts.items()})
+    fresh = run(cold, {rid: (ids, params(max_tokens=3)) for rid, ids in prompts.items()})
+    cached = sorted(hot[rid][-1].num_cached_tokens for rid in prompts)
+    assert cached[0] == 0 and cached[1] >= shared - 16, cached
+    assert all(signature(hot[rid]) == signature(fresh[rid]) for rid in prompts)
+
+
+def test_a_short_prompt_does_not_wait_for_a_long_one_it_shares_little_with(warm):
+    """A newcomer sharing a short opening with a long prompt still being fed is fed beside it:
+    waiting would cost it the long prompt's whole prefill to save a few blocks."""
+    opening = "Notes of the harbour office, read aloud to new staff on their first morning. " * 2
+    long_ids = chat(warm, ("user", opening + "The tide tables, the mooring fees and the rules. " * 60))
+    short_ids = chat(warm, ("user", opening + "Where is the kettle?"))
+    warm.add_request("long", long_ids, params(max_tokens=2))
+    warm.add_request("short", short_ids, params(max_tokens=2))
+    firsts: dict[str, int] = {}
+    for step in range(200):
+        for out in warm.step():
+            firsts.setdefault(out.request_id, step)
+        if not warm.has_work():
+            break
+    assert firsts["short"] <= firsts["long"]  # not after it (deferred, it would start a step later)

@@ -135,8 +135,12 @@ class DriftServer(ThreadingHTTPServer):
     # second each), so a band of 16 formed as batches of 6 to 9 on the board.
     request_queue_size = 128
 
+    # token_delay_s: a reply's tokens must span a clear share of the request (its wait for the
+    # batch window included), or the probe reads the stream as buffered and leaves its decode rate
+    # unmeasured: at 2 ms, 12 tokens spanned 10-11% of the request against the probe's 10%
+    # (liveness.MIN_SPAN_SHARE), and a busy machine tipped the control's S7 to "unmeasured".
     def __init__(self, log_path: Path, drift: float = 1e-3, window_s: float = 0.2,
-                 token_delay_s: float = 0.002) -> None:
+                 token_delay_s: float = 0.006) -> None:
         super().__init__(("127.0.0.1", 0), Handler)
         self.batcher = Batcher(log_path)
         self.drift, self.window_s, self.token_delay_s = drift, window_s, token_delay_s

@@ -8,6 +8,14 @@ from batchproof.engine.cache.manager import CacheManager
 from batchproof.engine.prefill_pacer import PrefillPacer
 from batchproof.engine.sequence import Sequence, Status
 
+# A newcomer whose prompt opens with at least this many tokens that a prompt still being fed will
+# store in the prefix cache (and that the cache does not hold yet) waits for that prefill, when
+# they are at least half of what it has left to feed, rather than computing them alongside:
+# 16 requests at once with one long system prompt then compute it once, not 16 times, and
+# none waits much longer than computing the shared part itself would take (SGLang's in-batch
+# prefix caching deprioritizes such requests the same way, from 32 shared tokens).
+MIN_SHARED_TOKENS = 32
+
 
 @dataclass
 class ScheduledStep:
@@ -71,11 +79,28 @@ class Scheduler:
 
     def _admit(self) -> None:
         """Newcomers take free slots in arrival order, with what the prefix cache holds of their
-        prompts; their prompts are fed in that order."""
-        while self.waiting and self.caches.admit(self.waiting[0]):
+        prompts; their prompts are fed in that order. One that waits for another's prefill
+        (MIN_SHARED_TOKENS) keeps its place at the head while those behind it go on."""
+        deferred = []
+        while self.waiting and self.caches.num_free_slots:
             seq = self.waiting.popleft()
+            if self._waits_for_a_prefill(seq):
+                deferred.append(seq)
+                continue
+            self.caches.admit(seq)
             seq.status = Status.RUNNING
             self.running.append(seq)
+        self.waiting.extendleft(reversed(deferred))
+
+    def _waits_for_a_prefill(self, seq: Sequence) -> bool:
+        for feeding in self.running:
+            if feeding.is_prefilling:
+                gain = self.caches.to_be_stored(seq, feeding)
+                # what it has left to feed: from its cached blocks on, if its prefill has not started
+                done = feeding.reused.num_tokens if feeding.reused is not None else feeding.num_computed
+                if gain >= MIN_SHARED_TOKENS and 2 * gain >= feeding.prefill_len - done:
+                    return True
+        return False
 
 
 def allot_prefill(prefilling: list[Sequence], budget: int) -> tuple[list[Sequence], list[int]]:

@@ -60,6 +60,22 @@ class CacheManager:
         seq.reused = self.reuse(seq)
         return True
 
+    def to_be_stored(self, seq: Sequence, feeding: Sequence) -> int:
+        """How many of seq's prompt tokens, beyond what the cache holds now, `feeding` (a prompt
+        being prefilled, in the same namespace) will store when its prefill ends: the whole
+        blocks their prompts share (0 where either neither reuses nor leaves prefixes)."""
+        cache = self._cache_for(seq)
+        if cache is None or feeding.is_refilling or feeding.params.cache_namespace != seq.params.cache_namespace:
+            return 0
+        limit = min(len(seq.prompt_ids) - 1, len(feeding.prompt_ids))  # as reuse() and keep_prompt() go
+        shared = 0
+        while shared < limit and seq.prompt_ids[shared] == feeding.prompt_ids[shared]:
+            shared += 1
+        stored = shared // cache.block_size * cache.block_size
+        if stored == 0:
+            return 0
+        return max(0, stored - cache.held_tokens(seq.prompt_ids, stored, seq.params.cache_namespace))
+
     def free_slot(self, seq: Sequence) -> None:
         """seq leaves its slot (one aborted while it waited never had one): the prefix cache
         keeps what it computed, the slot's pages go back to the OS, and the slot is free."""
