@@ -71,10 +71,9 @@ class CacheManager:
         shared = 0
         while shared < limit and seq.prompt_ids[shared] == feeding.prompt_ids[shared]:
             shared += 1
-        stored = shared // cache.block_size * cache.block_size
-        if stored == 0:
-            return 0
-        return max(0, stored - cache.held_tokens(seq.prompt_ids, stored, seq.params.cache_namespace))
+        keys = cache.keys(seq.prompt_ids, shared // cache.block_size, seq.params.cache_namespace)
+        missing = cache.missing(keys, need_hidden=False)  # a look: neither touched nor counted
+        return (len(keys) - missing[0]) * cache.block_size if missing else 0
 
     def free_slot(self, seq: Sequence) -> None:
         """seq leaves its slot (one aborted while it waited never had one): the prefix cache

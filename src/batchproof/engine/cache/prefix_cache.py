@@ -134,16 +134,6 @@ class PrefixCache:
         self.stats.hit_tokens += sum(block.num_tokens for block in found)
         return found
 
-    def held_tokens(self, token_ids: list[int], limit: int, namespace: str = "") -> int:
-        """How many of token_ids' first tokens (at most `limit`) the whole blocks held cover: a
-        look, neither touched nor counted."""
-        held = 0
-        for key in self.keys(token_ids, limit // self.block_size, namespace):
-            if key not in self._blocks:
-                break
-            held += self.block_size
-        return held
-
     def missing(self, keys: list[bytes], need_hidden: bool) -> list[int]:
         """Indices of keys not held (or held without hidden states when they are wanted)."""
         return [i for i, key in enumerate(keys)
