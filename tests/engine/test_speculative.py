@@ -120,6 +120,32 @@ def test_a_step_keeps_only_the_drafts_that_pay_for_their_rows():
     assert _worth_their_rows(seqs(0.05, 3), [[7]] * 3) == [[7], [], []]  # one probe: 4 rows
 
 
+def test_a_draft_is_kept_only_where_it_slows_no_sequence_in_the_step():
+    """With a fifth row nearly free (a Zen 4's float32 rows), keeping one proven copier's draft
+    beside three sequences without one would raise the step's tokens per unit of cost, and slow
+    the three: it is dropped. Four copiers draft together; one poor draft among them drops all,
+    or cuts them to a length its acceptance pays for."""
+    from types import SimpleNamespace
+
+    from batchproof.engine.speculative.propose import _worth_their_rows
+
+    def seq(acceptance: float):
+        drafter = Drafter([1], 15)
+        drafter._accepted, drafter._tried, drafter.num_proposed = acceptance, 1.0, 8
+        return SimpleNamespace(drafter=drafter)
+
+    def cheap(rows: int) -> float:  # each row after the first ~0.3 of a one-row step
+        return 1.0 + 0.3 * (rows - 1)
+
+    copier, free = seq(0.99), seq(0.3)
+    assert _worth_their_rows([copier, free, free, free], [[7] * 3, [], [], []], cheap) == [[]] * 4
+    assert _worth_their_rows([copier] * 4, [[7] * 3] * 4, cheap) == [[7] * 3] * 4
+    assert _worth_their_rows([copier, copier, copier, free], [[7] * 3] * 4, cheap) == [[]] * 4
+    two = _worth_their_rows([copier, seq(0.9)], [[7] * 7, [7] * 3], cheap)
+    assert two in ([[7] * 7, [7] * 3], [[7] * 3, [7] * 3])  # cut to the shorter where that pays more
+    assert _worth_their_rows([copier], [[7] * 7], cheap) == [[7] * 7]  # alone: its own gain pays
+
+
 def test_step_costs_follow_this_engine_s_timings():
     """The table until timed; then each measured row count's median (one slow step ignored), and
     the table's shape between and past them. A dearer 2-row step here drafts less."""
@@ -270,9 +296,10 @@ def mixed_batch(engine, size: int) -> dict:
 
 @pytest.mark.parametrize("size", [3, 16])
 def test_a_mixed_batch_is_bitwise_each_alone_and_plain(engine, plain, size):
-    """At 3 the sequences draft side by side, each its own length (unproven ones as probes
-    while the step stays within 4 rows, proven ones as their acceptance pays); at 16 a full
-    batch drafts only while some prompts are still being fed (propose.py)."""
+    """At 3 the sequences draft side by side (unproven ones as probes while the step stays within
+    4 rows; proven ones where every sequence in the step drafts and the least promising pays
+    for the rows); at 16 a full batch drafts only while some prompts are still being fed
+    (propose.py)."""
     requests = mixed_batch(engine, size)
     together = engine.generate(requests)
     if size == 3:
