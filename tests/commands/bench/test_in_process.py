@@ -69,3 +69,23 @@ def test_the_footprint_counts_what_the_spec_says(tmp_path):
     head = m.lm_head.nbytes if hasattr(m.lm_head, "parts") else m.lm_head.numel() * m.lm_head.element_size()
     embed_row = 0 if m.embed is m.lm_head else head // s.vocab_size
     assert footprint.weight_bytes_per_step == layers + head + embed_row
+
+
+def test_the_engine_in_process_runs_the_served_engines_flags(tmp_path):
+    """`--serve-arg` flags that set the engine (numerics, speculation) set the engine measured in
+    process too, so its figures and the HTTP cost compare like with like (they once measured
+    float32 with speculation beside an int8 server without it); server flags are left to serve."""
+    from batchproof.commands.bench.in_process import engine_config
+    from batchproof.engine.config import EngineConfig
+
+    config = engine_config(EngineConfig, ["--numerics=int8", "--no-speculative", "--port", "9", "--api-key-file", "k"],
+                           model_path=None, device="cpu", prefix_cache=False)
+    assert (config.numerics, config.speculative, config.prefix_cache, config.device) == ("int8", False, False, "cpu")
+    assert engine_config(EngineConfig, []) == EngineConfig()
+
+    model, out = tmp_path / "tiny.gguf", tmp_path / "speed.json"
+    write_tiny_gguf(model, TinySpec(context_len=4096))
+    args = build_parser().parse_args(["bench", "--model", str(model), "--max-tokens", "4", "--repeats", "1",
+                                      "--serve-arg=--no-speculative", "--json", str(out)])
+    assert args.run(args) == 0
+    assert json.loads(out.read_text())["engine"]["info"]["speculative"]["enabled"] is False

@@ -24,7 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=5, help="runs per figure (the median is reported)")
     parser.add_argument("--no-engine", action="store_true", help="skip the in-process engine figures")
     parser.add_argument("--serve", action="store_true", help="start `batchproof serve` and measure it over HTTP")
-    parser.add_argument("--serve-arg", action="append", default=[], help="extra flag for the served engine")
+    parser.add_argument("--serve-arg", action="append", default=[],
+                        help="extra flag for the served engine; its engine flags (--numerics, --weights, "
+                             "--no-speculative, ...) also set the engine measured in process")
     parser.add_argument("--url", help="measure this OpenAI-compatible server over HTTP")
     parser.add_argument("--vs", help="a peer server to measure with the same workload, for ratios")
     parser.add_argument("--vs-pid", type=int, help="the peer's process id, to report its peak resident memory")

@@ -4,12 +4,15 @@ and the decode rate of a batch of greedy requests.
 The engine (hence torch) is imported only when one is loaded, so a bench of servers over
 HTTP alone runs without it."""
 
+import argparse
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from batchproof.commands.bench.figures import median
+from batchproof.commands.flags import add_dataclass_arguments, dataclass_from_args
 
 PREFILL_TEXT = ("Compilers translate programs written in one language into another, checking them, "
                 "optimising them and emitting code a machine can run. ") * 24
@@ -21,13 +24,23 @@ class Prefill:
     tok_s: float
 
 
-def load_engine(model: Path | None, **config: Any):
-    """An Engine on the CPU from `model` (a GGUF file or a packaged name; None: the default);
-    `config`: other EngineConfig fields."""
+def load_engine(model: Path | None, serve_args: Sequence[str] = (), **config: Any):
+    """An Engine on the CPU from `model` (a GGUF file or a packaged name; None: the default),
+    with the engine flags among `serve_args` (what the bench passes `batchproof serve`: so the
+    engine measured in process runs the numerics, weights and speculation of the one measured
+    over HTTP; server flags are ignored); `config`: EngineConfig fields over both."""
     from batchproof.engine.config import EngineConfig
     from batchproof.engine.engine import Engine
 
-    return Engine(EngineConfig(model_path=model, device="cpu", **config))
+    return Engine(engine_config(EngineConfig, serve_args, model_path=model, device="cpu", **config))
+
+
+def engine_config(cls: type, serve_args: Sequence[str], **overrides: Any):
+    """`cls` (EngineConfig) from the engine flags among `serve_args`, then `overrides`."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_dataclass_arguments(parser, cls)
+    known, _ = parser.parse_known_args(list(serve_args))
+    return dataclass_from_args(cls, known, **overrides)
 
 
 def prefill(engine, repeats: int) -> Prefill:

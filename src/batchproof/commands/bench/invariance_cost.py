@@ -2,6 +2,7 @@
 torch (`--no-batch-invariant`) at several batch sizes, measured in one run, interleaved.
 Used by `batchproof bench --invariance-cost`; docs/batch-invariance.md quotes its table."""
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,10 +33,12 @@ class InvarianceCost:
             {"decode_paths": self.decode_paths, "max_tokens": self.max_tokens, "repeats": self.repeats}]
 
 
-def measure(model: Path | None, prompt: str, max_tokens: int, repeats: int) -> InvarianceCost:
-    """Per batch size: the median decode rate of each engine, each round interleaved so a
-    slow minute of the machine hits both alike."""
-    engines = {name: in_process.load_engine(model, max_batch=max(BATCHES), is_batch_invariant=invariant)
+def measure(model: Path | None, prompt: str, max_tokens: int, repeats: int,
+            serve_args: Sequence[str] = ()) -> InvarianceCost:
+    """Per batch size: the median decode rate of each engine (with the served engine's flags
+    among `serve_args`, batch invariance on and off), each round interleaved so a slow minute
+    of the machine hits both alike."""
+    engines = {name: in_process.load_engine(model, serve_args, max_batch=max(BATCHES), is_batch_invariant=invariant)
                for name, invariant in (("invariant", True), ("torch", False))}
     prompt_ids = engines["invariant"].chat_prompt_ids([{"role": "user", "content": prompt}])
     runs: dict[tuple[str, int], list[float]] = {}

@@ -115,7 +115,7 @@ def measure(args: argparse.Namespace, url: str | None, ladder: list[int]) -> Spe
     models = {key: http.served_model(target) for key, target in targets.items()}
     # No prefix cache: the engine figures measure the arithmetic, and the prefill figure
     # repeats one prompt, which the cache would answer from memory.
-    engine = None if args.no_engine else in_process.load_engine(args.model, prefix_cache=False)
+    engine = None if args.no_engine else in_process.load_engine(args.model, args.serve_arg, prefix_cache=False)
     prefill = None if engine is None else in_process.prefill(engine, args.repeats)
     streams = {} if engine is None else {"engine": _engine_stream(engine, args)}
     for key, target in targets.items():
@@ -128,7 +128,8 @@ def measure(args: argparse.Namespace, url: str | None, ladder: list[int]) -> Spe
     results.ours, results.peer = (_server_figures(runs[key], targets[key], models[key]) if key in targets else None
                                   for key in ("ours", "peer"))
     if args.invariance_cost:
-        results.invariance_cost = invariance_cost.measure(args.model, args.prompt, args.max_tokens, args.repeats)
+        results.invariance_cost = invariance_cost.measure(args.model, args.prompt, args.max_tokens, args.repeats,
+                                                          args.serve_arg)
     for key, figures in (("ours", results.ours), ("peer", results.peer)):
         if figures is not None:
             body = http.chat_body(args.prompt, args.max_tokens, models[key])
