@@ -93,10 +93,15 @@ BP_INTERNAL tile_fn bp_pick_tile(void);
 /* Floats of one packed pair: K rounded up to 8, twice. */
 static inline int64_t bp_pair_stride(int64_t K) { return (K + 7) / 8 * 16; }
 
-/* x [M, K] -> (M + 1) / 2 pairs of bp_pair_stride(K) floats: pair p's chunk c holds row 2p's
- * x[8c..8c+7], then row 2p + 1's; zeros past K (as the 8-lane tail's masked loads read) and
- * for the missing row of an odd M. The caller frees it. */
-BP_INTERNAL float *bp_pack_pairs(const float *x, int64_t M, int64_t K);
+/* Room for x [M, K] in pairs: (M + 1) / 2 of bp_pair_stride(K) floats. The caller frees it. */
+BP_INTERNAL float *bp_pairs_alloc(int64_t M, int64_t K);
+
+/* x [M, K] into xp (bp_pairs_alloc's): pair p's chunk c holds row 2p's x[8c..8c+7], then row
+ * 2p + 1's; zeros past K (as the 8-lane tail's masked loads read) and for the missing row of an
+ * odd M. Called by every thread of a parallel region (a worksharing loop: each packs a share,
+ * then the loop's barrier), before any tile reads xp: packed by one thread while the other spun
+ * in OpenMP's pool, the copy ran several times slower on 2 cores (quant_int8_linear.c). */
+BP_INTERNAL void bp_pack_pairs(const float *x, int64_t M, int64_t K, float *xp);
 
 /* sums[i * NT + j] = row i of the mt (<= PT_ROWS) rows whose pairs start at xp against weight
  * row j of nt (<= NT), rows K apart; next_w: weights to prefetch (as tile_fn's); NULL below

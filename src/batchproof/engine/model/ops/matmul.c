@@ -177,13 +177,22 @@ static void pair_tile_avx512(const float *xp, const float *w, float *sums, int64
 
 pair_tile_fn bp_pick_pair_tile(void) { return BP_PICK(pair_tile_avx512, NULL, NULL); }
 
-float *bp_pack_pairs(const float *x, int64_t M, int64_t K) {
-    const int64_t stride = bp_pair_stride(K), pairs = (M + 1) / 2;
-    float *xp = aligned_alloc(64, (size_t)((pairs * stride * 4 + 63) / 64 * 64));
-    memset(xp, 0, (size_t)(pairs * stride * 4));
-    for (int64_t i = 0; i < M; i++)
-        for (int64_t k = 0; k < K; k++) xp[i / 2 * stride + k / 8 * 16 + i % 2 * 8 + k % 8] = x[i * K + k];
-    return xp;
+float *bp_pairs_alloc(int64_t M, int64_t K) {
+    return aligned_alloc(64, (size_t)(((M + 1) / 2 * bp_pair_stride(K) * 4 + 63) / 64 * 64));
+}
+
+void bp_pack_pairs(const float *x, int64_t M, int64_t K, float *xp) {
+    const int64_t chunks = (K + 7) / 8, pairs = (M + 1) / 2, stride = bp_pair_stride(K);
+#pragma omp for schedule(static)
+    for (int64_t u = 0; u < pairs * chunks; u++) {
+        const int64_t p = u / chunks, c = u % chunks, k0 = c * 8, n = K - k0 < 8 ? K - k0 : 8;
+        float *chunk = xp + p * stride + c * 16;
+        for (int r = 0; r < 2; r++) {
+            const int64_t have = 2 * p + r < M ? n : 0;
+            if (have) memcpy(chunk + 8 * r, x + (2 * p + r) * K + k0, (size_t)have * 4);
+            if (have < 8) memset(chunk + 8 * r + have, 0, (size_t)(8 - have) * 4);
+        }
+    }
 }
 
 static void tile_scalar(const float *x, const float *w, float *y, int64_t K, int64_t N, int mt, int nt,
@@ -202,23 +211,27 @@ void bp_linear_f32(const float *x, const float *w, const float *b, float *y, int
     tile_fn tile = bp_pick_tile();
     /* AVX-512: rows of x two a register, packed once here (lanes.h) */
     pair_tile_fn pair_tile = M >= 2 ? bp_pick_pair_tile() : NULL;
-    float *xp = pair_tile ? bp_pack_pairs(x, M, K) : NULL;
+    float *xp = pair_tile ? bp_pairs_alloc(M, K) : NULL;
     const int64_t rows = pair_tile ? PT_ROWS : MT, pair_stride = bp_pair_stride(K);
     const int width = bp_tile_width(M);
     int64_t num_tiles = (N + width - 1) / width;
-    /* Threads split outputs, never K: each output is summed by exactly one thread. */
-#pragma omp parallel for schedule(static) num_threads(num_threads)
-    for (int64_t t = 0; t < num_tiles; t++) {
-        int64_t n = t * width;
-        int nt = (int)(N - n < width ? N - n : width);
-        const float *next_w = w + (t + 1 < num_tiles ? n + width : n) * K;
-        float sums[PT_ROWS * NT];
-        for (int64_t m = 0; m < M; m += rows) {
-            int mt = (int)(M - m < rows ? M - m : rows);
-            const float *prefetch = m == 0 ? next_w : w + n * K;
-            if (pair_tile) pair_tile(xp + m / 2 * pair_stride, w + n * K, sums, K, mt, nt, prefetch);
-            else tile(x + m * K, w + n * K, sums, K, NT, mt, nt, prefetch);
-            bp_store_tile(sums, NT, b, y, m, n, mt, nt, N, accumulate);
+#pragma omp parallel num_threads(num_threads)
+    {
+        if (xp) bp_pack_pairs(x, M, K, xp); /* by the threads together, then their barrier */
+        /* Threads split outputs, never K: each output is summed by exactly one thread. */
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < num_tiles; t++) {
+            int64_t n = t * width;
+            int nt = (int)(N - n < width ? N - n : width);
+            const float *next_w = w + (t + 1 < num_tiles ? n + width : n) * K;
+            float sums[PT_ROWS * NT];
+            for (int64_t m = 0; m < M; m += rows) {
+                int mt = (int)(M - m < rows ? M - m : rows);
+                const float *prefetch = m == 0 ? next_w : w + n * K;
+                if (pair_tile) pair_tile(xp + m / 2 * pair_stride, w + n * K, sums, K, mt, nt, prefetch);
+                else tile(x + m * K, w + n * K, sums, K, NT, mt, nt, prefetch);
+                bp_store_tile(sums, NT, b, y, m, n, mt, nt, N, accumulate);
+            }
         }
     }
     free(xp);

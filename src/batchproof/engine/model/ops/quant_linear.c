@@ -62,19 +62,23 @@ static void linear_q_fused(qtile_fn tile, const float *x, const uint8_t *w, int 
  * x packed in pairs once, each weight tile unpacked once per XP_ROWS rows. */
 static void linear_q_xpairs(xtile_fn tile, const float *x, const uint8_t *w, int64_t row_bytes, const float *b,
                             float *y, int64_t ldy, int64_t M, int64_t N, int64_t K, int accumulate, int num_threads) {
-    float *xp = bp_pack_pairs(x, M, K);
+    float *xp = bp_pairs_alloc(M, K);
     const int64_t stride = bp_pair_stride(K), num_tiles = (N + XP_WIDTH - 1) / XP_WIDTH;
-    /* Threads split outputs, never K: each output is summed by exactly one thread. */
-#pragma omp parallel for schedule(static) num_threads(num_threads)
-    for (int64_t t = 0; t < num_tiles; t++) {
-        const int64_t n = t * XP_WIDTH;
-        const int nt = (int)(N - n < XP_WIDTH ? N - n : XP_WIDTH);
-        const int64_t next = n + XP_WIDTH < N ? n + XP_WIDTH : n;
-        float sums[XP_ROWS * QW];
-        for (int64_t m = 0; m < M; m += XP_ROWS) {
-            const int mt = (int)(M - m < XP_ROWS ? M - m : XP_ROWS);
-            tile(xp + m / 2 * stride, stride, w + n * row_bytes, row_bytes, sums, K, mt, nt, w + next * row_bytes);
-            bp_store_tile(sums, QW, b, y, m, n, mt, nt, ldy, accumulate);
+#pragma omp parallel num_threads(num_threads)
+    {
+        bp_pack_pairs(x, M, K, xp); /* by the threads together, then their barrier */
+        /* Threads split outputs, never K: each output is summed by exactly one thread. */
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < num_tiles; t++) {
+            const int64_t n = t * XP_WIDTH;
+            const int nt = (int)(N - n < XP_WIDTH ? N - n : XP_WIDTH);
+            const int64_t next = n + XP_WIDTH < N ? n + XP_WIDTH : n;
+            float sums[XP_ROWS * QW];
+            for (int64_t m = 0; m < M; m += XP_ROWS) {
+                const int mt = (int)(M - m < XP_ROWS ? M - m : XP_ROWS);
+                tile(xp + m / 2 * stride, stride, w + n * row_bytes, row_bytes, sums, K, mt, nt, w + next * row_bytes);
+                bp_store_tile(sums, QW, b, y, m, n, mt, nt, ldy, accumulate);
+            }
         }
     }
     free(xp);
@@ -96,7 +100,7 @@ static void linear_q_buffered(dequant_fn dequant, const float *x, const uint8_t 
     tile_fn tile = bp_pick_tile();
     /* AVX-512: rows of x two a register, packed once here (lanes.h) */
     pair_tile_fn pair_tile = M >= 2 ? bp_pick_pair_tile() : NULL;
-    float *xp = pair_tile ? bp_pack_pairs(x, M, K) : NULL;
+    float *xp = pair_tile ? bp_pairs_alloc(M, K) : NULL;
     const int64_t rows = pair_tile ? PT_ROWS : MT, pair_stride = bp_pair_stride(K);
     const int width = bp_tile_width(M);
     const int64_t num_tiles = (N + width - 1) / width, tile_bytes = (int64_t)NT * K * 4;
@@ -107,6 +111,7 @@ static void linear_q_buffered(dequant_fn dequant, const float *x, const uint8_t 
     const int64_t group = (num_tiles + num_groups - 1) / num_groups; /* the largest group's tiles */
 #pragma omp parallel num_threads(num_threads)
     {
+        if (xp) bp_pack_pairs(x, M, K, xp); /* by the threads together, then their barrier */
         float *buf = aligned_alloc(64, (size_t)((group * tile_bytes + 63) / 64 * 64));
         float sums[PT_ROWS * NT];
         /* Threads split outputs, never K: each output is summed by exactly one thread. */
