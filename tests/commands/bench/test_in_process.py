@@ -78,10 +78,10 @@ def test_the_engine_in_process_runs_the_served_engines_flags(tmp_path):
     from batchproof.commands.bench.in_process import engine_config
     from batchproof.engine.config import EngineConfig
 
-    config = engine_config(EngineConfig, ["--numerics=int8", "--no-speculative", "--port", "9", "--api-key-file", "k"],
+    config = engine_config(["--numerics=int8", "--no-speculative", "--port", "9", "--api-key-file", "k"],
                            model_path=None, device="cpu", prefix_cache=False)
     assert (config.numerics, config.speculative, config.prefix_cache, config.device) == ("int8", False, False, "cpu")
-    assert engine_config(EngineConfig, []) == EngineConfig()
+    assert engine_config([]) == EngineConfig()
 
     model, out = tmp_path / "tiny.gguf", tmp_path / "speed.json"
     write_tiny_gguf(model, TinySpec(context_len=4096))

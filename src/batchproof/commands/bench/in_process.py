@@ -29,18 +29,20 @@ def load_engine(model: Path | None, serve_args: Sequence[str] = (), **config: An
     with the engine flags among `serve_args` (what the bench passes `batchproof serve`: so the
     engine measured in process runs the numerics, weights and speculation of the one measured
     over HTTP; server flags are ignored); `config`: EngineConfig fields over both."""
-    from batchproof.engine.config import EngineConfig
     from batchproof.engine.engine import Engine
 
-    return Engine(engine_config(EngineConfig, serve_args, model_path=model, device="cpu", **config))
+    return Engine(engine_config(serve_args, model_path=model, device="cpu", **config))
 
 
-def engine_config(cls: type, serve_args: Sequence[str], **overrides: Any):
-    """`cls` (EngineConfig) from the engine flags among `serve_args`, then `overrides`."""
+def engine_config(serve_args: Sequence[str], **overrides: Any):
+    """An EngineConfig from the engine flags among `serve_args` (parsed as `serve` parses them),
+    then `overrides`."""
+    from batchproof.engine.config import EngineConfig
+
     parser = argparse.ArgumentParser(add_help=False)
-    add_dataclass_arguments(parser, cls)
+    add_dataclass_arguments(parser, EngineConfig)
     known, _ = parser.parse_known_args(list(serve_args))
-    return dataclass_from_args(cls, known, **overrides)
+    return dataclass_from_args(EngineConfig, known, **overrides)
 
 
 def prefill(engine, repeats: int) -> Prefill:
