@@ -91,10 +91,13 @@ def odd_shape(qtype: Q) -> tuple[int, int]:
 
 @needs_vnni
 @pytest.mark.parametrize("qtype", REGISTER_TYPES, ids=lambda t: t.name)
-def test_the_vnni_twin_is_the_portable_twin_at_every_row_count(qtype):
+@pytest.mark.parametrize("outputs", [101, 92, 8], ids=lambda n: f"{n}-outputs")
+def test_the_vnni_twin_is_the_portable_twin_at_every_row_count(qtype, outputs):
     """1 to 20 rows (a tile call takes 16: 17-20 make a second of 1-4), against the portable twin
-    and the AVX2 twin, bit for bit."""
-    raw = edge_blocks(qtype, *odd_shape(qtype), seed=int(qtype) + 13)
+    and the AVX2 twin, bit for bit. The VNNI twin runs tile u beside tile u + half in 16 lanes
+    (quant_int8_avx512_wide.c): 101 outputs leave an odd 13th tile, ragged, to the 8-lane tile;
+    92 pair a ragged 12th with the 6th; 8 are one tile, run alone."""
+    raw = edge_blocks(qtype, outputs, odd_shape(qtype)[1], seed=int(qtype) + 13)
     x = hostile_x(20, raw.shape[1], seed=int(qtype))
     for m in range(1, 21):
         vnni, avx2, portable = (run(qtype, raw, x[:m], level) for level in (2, 1, 0))

@@ -114,12 +114,19 @@ BP_INTERNAL pair_tile_fn bp_pick_pair_tile(void);
  * accumulate (the residual add: one rounding per add, as torch's `y + linear(x)`). */
 static inline void bp_store_tile(const float *sums, int lds, const float *b, float *y, int64_t m, int64_t n,
                                  int mt, int nt, int64_t ldy, int accumulate) {
-    for (int i = 0; i < mt; i++)
-        for (int j = 0; j < nt; j++) {
-            float value = sums[i * lds + j];
-            if (b) value += b[n + j];
-            float *out = y + (m + i) * ldy + n + j;
-            *out = accumulate ? *out + value : value;
-        }
+    /* a loop per case, each plain enough to vectorize: one element's operations and their order
+     * are the same in every case (the bias added to the sum, then the sum to what is there) */
+    for (int i = 0; i < mt; i++) {
+        const float *s = sums + i * lds;
+        float *out = y + (m + i) * ldy + n;
+        if (b && accumulate)
+            for (int j = 0; j < nt; j++) out[j] = out[j] + (s[j] + b[n + j]);
+        else if (b)
+            for (int j = 0; j < nt; j++) out[j] = s[j] + b[n + j];
+        else if (accumulate)
+            for (int j = 0; j < nt; j++) out[j] = out[j] + s[j];
+        else
+            for (int j = 0; j < nt; j++) out[j] = s[j];
+    }
 }
 #endif
