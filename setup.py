@@ -20,14 +20,15 @@ setup(
     ext_modules=[
         Extension(
             "batchproof.engine.model.ops._kernels",
-            sources=[f"{OPS}/{name}.c" for name in ("isa", "matmul", "elementwise", "logprobs", "attention", "peak",
-                                                     "quant_dequant", "quant_dequant_avx2", "quant_tiles",
-                                                     "quant_tiles_avx2", "quant_tiles_avx512", "quant_linear",
-                                                     "quant_int8", "quant_int8_avx2", "quant_int8_avx512",
-                                                     "quant_int8_avx512_wide",
-                                                     "quant_int8_linear", "layers", "module")],
+            sources=[f"{OPS}/{name}.c" for name in ("isa", "matmul", "elementwise", "logprobs", "attention",
+                                                     "attention_group", "peak", "quant_dequant",
+                                                     "quant_dequant_avx2", "quant_tiles", "quant_tiles_avx2",
+                                                     "quant_tiles_avx512", "quant_linear", "quant_int8",
+                                                     "quant_int8_avx2", "quant_int8_avx512",
+                                                     "quant_int8_avx512_wide", "quant_int8_linear", "layers",
+                                                     "module")],
             depends=[f"{OPS}/{name}.h"
-                     for name in ("kernels", "lanes", "exp_poly", "quant", "quant_tiles", "quant_int8")],
+                     for name in ("kernels", "lanes", "exp_poly", "attention", "quant", "quant_tiles", "quant_int8")],
             extra_compile_args=compile_args,
             extra_link_args=["-fopenmp"] if "-fopenmp" in compile_args else [],
             optional=True,  # without a compiler the engine falls back to padded torch matmuls

@@ -163,8 +163,8 @@ def test_gated_activations(level, ffn, activation):
     assert_same_bits(level, lambda: (kernel(gate_up), kernel(gate_up[:1])))
 
 
-def attention_inputs(head_dim: int, seed: int):
-    heads, kv_heads, max_len = 6, 2, 40
+def attention_inputs(head_dim: int, seed: int, heads: int = 6, kv_heads: int = 2):
+    max_len = 40
     k_cache = awkward(3, kv_heads, max_len, head_dim, seed=seed)
     v_cache = awkward(3, kv_heads, max_len, head_dim, seed=seed + 1)
     q = awkward(17, heads, head_dim, seed=seed + 2)
@@ -173,8 +173,10 @@ def attention_inputs(head_dim: int, seed: int):
 
 @pytest.mark.parametrize("window", [0, 7])
 @pytest.mark.parametrize("head_dim", [64, 40, 13])  # 64: the vector path; the others its portable fallback
-def test_decode_attention(level, head_dim, window):
-    q, k_cache, v_cache, scale = attention_inputs(head_dim, seed=head_dim + window)
+# query heads a KV head: the vector path runs 3 of a group together, 2 of 4 (attention_group.c), 1 alone
+@pytest.mark.parametrize("heads, kv_heads", [(6, 2), (8, 2), (2, 2)], ids=["group-3", "group-4", "group-1"])
+def test_decode_attention(level, head_dim, window, heads, kv_heads):
+    q, k_cache, v_cache, scale = attention_inputs(head_dim, seed=head_dim + window, heads=heads, kv_heads=kv_heads)
     slots = torch.tensor([i % 3 for i in range(17)])
     lengths = torch.tensor([1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 23, 31, 32, 33, 39, 40])
     assert_same_bits(level, lambda: kernels.decode_attention(q, k_cache, v_cache, slots, lengths, scale, 2, window))

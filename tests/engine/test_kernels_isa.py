@@ -81,11 +81,12 @@ def test_a_tiny_model_matches_the_reference_and_batches_invariantly(isa, tmp_pat
 
 @pytest.mark.parametrize("window", [0, 7])  # 7: a sliding window (gemma3's local layers) that cuts in
 @pytest.mark.parametrize("head_dim", [64, 256, 40])  # 64, 256 (gemma3): the vector paths; 40: their scalar fallback
-def test_prompt_attention_is_decode_attention_row_for_row(isa, head_dim, window):
+@pytest.mark.parametrize("heads", [6, 8])  # 3 or 4 query heads a KV head: decode runs them 3 and 2 together
+def test_prompt_attention_is_decode_attention_row_for_row(isa, head_dim, window, heads):
     """A prompt row attends like a decode step at its position, bit for bit, whatever chunk
     held it: the property the prefix cache stands on."""
     torch.manual_seed(20 + isa)
-    heads, kv_heads, max_len, slot = 6, 2, 64, 1
+    kv_heads, max_len, slot = 2, 64, 1
     k_cache, v_cache = torch.randn(3, kv_heads, max_len, head_dim), torch.randn(3, kv_heads, max_len, head_dim)
     q = torch.randn(23, heads, head_dim)
     scale = head_dim ** -0.5

@@ -6,29 +6,10 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "exp_poly.h"
 #include "lanes.h"
+#include "attention.h"
 
 /* ---------------- decode attention, one sequence at a time ---------------- */
-
-/* Softmax in three steps that every path shares: the largest score, each score's exp
- * less it (exp_poly, lane by lane), and 1 / their total, summed in key order. */
-static float max_score(const float *s, int64_t L) {
-    float top = -INFINITY;
-    for (int64_t j = 0; j < L; j++)
-        if (s[j] > top) top = s[j];
-    return top;
-}
-
-static void exp_shifted_scalar(float *s, int64_t L, float shift) {
-    for (int64_t j = 0; j < L; j++) s[j] = exp_poly(s[j] - shift);
-}
-
-static float inverse_total(const float *s, int64_t L) {
-    float total = 0.0f;
-    for (int64_t j = 0; j < L; j++) total += s[j];
-    return 1.0f / total;
-}
 
 /* One query head against its sequence's L keys: softmax(q.k * scale) @ v. A key's score
  * is a dot8 over D; an output lane is one fused accumulator over the keys in position
@@ -48,34 +29,6 @@ static void attend_scalar(const float *q, const float *keys, const float *values
  * several lanes of the output, are in flight at once only to hide FMA latency: they are
  * independent chains, so the bits of every element are those of the one-at-a-time loop. */
 #ifdef BP_X86
-__attribute__((target("avx2,fma")))
-static void exp_shifted_avx2(float *s, int64_t L, float shift) {
-    const __m256 sh = _mm256_set1_ps(shift);
-    int64_t j = 0; /* masked only at the tail: a masked store costs several plain ones on some CPUs */
-    for (; j + 8 <= L; j += 8) _mm256_storeu_ps(s + j, exp_poly_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + j), sh)));
-    if (j < L) {
-        __m256i mask = tail_mask_avx2(j, L);
-        _mm256_maskstore_ps(s + j, mask, exp_poly_avx2(_mm256_sub_ps(_mm256_maskload_ps(s + j, mask), sh)));
-    }
-}
-
-/* max_score's result: the running max is max_ps(s, top) lane by lane (s > top ? s : top,
- * as there, so a NaN score is passed over), then the lanes. Only a tie between +0 and -0
- * can pick a different zero, and s - (+0) and s - (-0) give every exp the same bits. */
-__attribute__((target("avx2,fma")))
-static float max_score_avx2(const float *s, int64_t L) {
-    __m256 top8 = _mm256_set1_ps(-INFINITY);
-    int64_t j = 0;
-    for (; j + 8 <= L; j += 8) top8 = _mm256_max_ps(_mm256_loadu_ps(s + j), top8);
-    float lanes[8], top = -INFINITY;
-    _mm256_storeu_ps(lanes, top8);
-    for (int l = 0; l < 8; l++)
-        if (lanes[l] > top) top = lanes[l];
-    for (; j < L; j++)
-        if (s[j] > top) top = s[j];
-    return top;
-}
-
 /* Needs D % 64 == 0 (every head size here); attend_scalar, with the same bits, takes the rest. */
 __attribute__((target("avx2,fma")))
 static void attend_avx2(const float *q, const float *keys, const float *values, float *o, float *scores,
@@ -127,12 +80,22 @@ void bp_decode_attention_f32(const float *q, const float *k_cache, const float *
                              int64_t D, int64_t max_len, int64_t window, float scale, int num_threads) {
     attend_fn attend = BP_PICK(attend_avx2, attend_avx2, attend_scalar);
     int64_t group = H / KVH;
+    /* Heads of one KV group together where the vector path runs (attention_group.c: the same bits) */
+    int NH = 1;
+#ifdef BP_X86
+    if (bp_isa_level() >= BP_ISA_AVX2 && D % 64 == 0) NH = group % 3 == 0 ? 3 : group % 2 == 0 ? 2 : 1;
+#endif
 #pragma omp parallel for schedule(static) num_threads(num_threads)
-    for (int64_t bh = 0; bh < B * H; bh++) {
-        int64_t b = bh / H, h = bh % H, lo = window_start(lengths[b], window), L = lengths[b] - lo;
+    for (int64_t item = 0; item < B * H / NH; item++) {
+        int64_t bh = item * NH, b = bh / H, h = bh % H, lo = window_start(lengths[b], window), L = lengths[b] - lo;
         int64_t base = ((slots[b] * KVH + h / group) * max_len + lo) * D;
-        float *scores = (float *)PyMem_RawMalloc((size_t)L * sizeof(float));
-        attend(q + bh * D, k_cache + base, v_cache + base, out + bh * D, scores, L, D, scale);
+        float *scores = (float *)PyMem_RawMalloc((size_t)(L * NH) * sizeof(float));
+#ifdef BP_X86
+        if (NH > 1) bp_attend_group_avx2(q + bh * D, k_cache + base, v_cache + base, out + bh * D, scores, L, D,
+                                         scale, NH);
+        else
+#endif
+            attend(q + bh * D, k_cache + base, v_cache + base, out + bh * D, scores, L, D, scale);
         PyMem_RawFree(scores);
     }
 }
