@@ -75,18 +75,18 @@ __attribute__((target("avx2,fma,f16c"))) void bp_quantize_x_avx2(const float *x,
         }
 }
 
-/* Rows 0..R of x (R <= 4, a constant), their int32 lane j: step 2's integer for weight row j, the
- * zero not yet taken off, from the record's quants (8 rows interleaved: no reduction across
- * lanes; each chunk unpacked once for the R rows). A chunk's two nibble products are added in
- * int16, and chunks' sums only as far as the bounds above allow before madd: 4-bit 4 chunks
- * (8 x 3,810), 5-bit 2 (4 x 7,874), Q6_K 1 (2 x 16,002, madd with its scale: chunks 0-1 are
- * weights 0..15, sc_a, 2-3 weights 16..31, sc_b), Q8_0 none. */
 /* v in a register here, as the source orders it: without this GCC reassociated the integer adds,
  * formed all 32 products of a 4-row record first and kept them on the stack (Q4_1: 32 stores and
  * their reloads a record, 16 registers holding 4 rows' sums). The sums are exact in any order,
  * so this is speed only: a 4-row record of Q4_1 / Q4_K 0.77x the time, Q8_0 0.95x. */
 #define IN_ORDER(v) __asm__("" : "+x"(v))
 
+/* Rows 0..R of x (R <= 4, a constant), their int32 lane j: step 2's integer for weight row j, the
+ * zero not yet taken off, from the record's quants (8 rows interleaved: no reduction across
+ * lanes; each chunk unpacked once for the R rows). A chunk's two nibble products are added in
+ * int16, and chunks' sums only as far as the bounds above allow before madd: 4-bit 4 chunks
+ * (8 x 3,810), 5-bit 2 (4 x 7,874), Q6_K 1 (2 x 16,002, madd with its scale: chunks 0-1 are
+ * weights 0..15, sc_a, 2-3 weights 16..31, sc_b), Q8_0 none. */
 I8 void packed_dot(const uint8_t *qs, const int8_t *const *xq, const int R, const int type, __m256i scales,
                    __m256i *out) {
     const __m256i ones = _mm256_set1_epi16(1), nibble = _mm256_set1_epi8(0x0F);

@@ -7,6 +7,9 @@
 #include "lanes.h"
 #include "quant_int8.h"
 
+/* The outputs of a tile of IW starting at n that exist (the last tile may be ragged). */
+static inline int outputs_from(int64_t N, int64_t n) { return (int)(N - n < IW ? N - n : IW); }
+
 /* y[:, 0:N] (+)= x @ w^T (+ b) in the int8 numerics, w in this numerics' layout
  * (bp_int8_repack; row_bytes unused); weights with no quants (F16, BF16, F32) are never
  * repacked and take the float path (bp_linear_q), whose bits are the same in either numerics. */
@@ -56,12 +59,10 @@ void bp_linear_q_int8(const float *x, const uint8_t *w, int type, int64_t row_by
                     const int64_t n2 = (t + half) * IW; /* the second tile's first output */
                     wide(&qx, m, mt, w + t * tile_bytes, w + (t + half) * tile_bytes, sums);
                     bp_store_tile(sums, 2 * IW, b, y, m, t * IW, mt, IW, ldy, accumulate);
-                    bp_store_tile(sums + IW, 2 * IW, b, y, m, n2, mt, (int)(N - n2 < IW ? N - n2 : IW), ldy,
-                                  accumulate);
+                    bp_store_tile(sums + IW, 2 * IW, b, y, m, n2, mt, outputs_from(N, n2), ldy, accumulate);
                 } else {
                     tile(&qx, m, mt, w + t * tile_bytes, sums);
-                    bp_store_tile(sums, IW, b, y, m, t * IW, mt, (int)(N - t * IW < IW ? N - t * IW : IW), ldy,
-                                  accumulate);
+                    bp_store_tile(sums, IW, b, y, m, t * IW, mt, outputs_from(N, t * IW), ldy, accumulate);
                 }
             }
         }
