@@ -24,8 +24,7 @@ setup(
                                                      "attention_group", "peak", "quant_dequant",
                                                      "quant_dequant_avx2", "quant_tiles", "quant_tiles_avx2",
                                                      "quant_tiles_avx512", "quant_linear", "quant_int8",
-                                                     "quant_int8_avx2", "quant_int8_avx512",
-                                                     "quant_int8_avx512_wide", "quant_int8_linear", "layers",
+                                                     "quant_int8_avx2", "quant_int8_avx512", "quant_int8_linear", "layers",
                                                      "module")],
             depends=[f"{OPS}/{name}.h"
                      for name in ("kernels", "lanes", "exp_poly", "attention", "quant", "quant_tiles", "quant_int8")],

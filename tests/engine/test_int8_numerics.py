@@ -95,8 +95,8 @@ def odd_shape(qtype: Q) -> tuple[int, int]:
 def test_the_vnni_twin_is_the_portable_twin_at_every_row_count(qtype, outputs):
     """1 to 20 rows (a tile call takes 16: 17-20 make a second of 1-4), against the portable twin
     and the AVX2 twin, bit for bit. The VNNI twin runs tile u beside tile u + half in 16 lanes
-    (quant_int8_avx512_wide.c): 101 outputs leave an odd 13th tile, ragged, to the 8-lane tile;
-    92 pair a ragged 12th with the 6th; 8 are one tile, run alone."""
+    (quant_int8_avx512.c): 101 outputs leave an odd 13th tile, ragged, paired with itself; 92 pair
+    a ragged 12th with the 6th; 8 are one tile, paired with itself."""
     raw = edge_blocks(qtype, outputs, odd_shape(qtype)[1], seed=int(qtype) + 13)
     x = hostile_x(20, raw.shape[1], seed=int(qtype))
     for m in range(1, 21):

@@ -100,7 +100,7 @@ typedef void (*quantize_fn)(const float *x, int64_t M, int64_t K, qx_rows *qx);
 /* sums[i * IW + j] = row m0 + i (i < mt <= IROWS) of x against row j of the tile of 8 whose
  * records start at w, over all K: step 3's accumulator. */
 typedef void (*itile_fn)(const qx_rows *x, int64_t m0, int mt, const uint8_t *w, float *sums);
-/* The same for two neighbouring tiles at once, wa's rows then wb's: sums[i * 2 * IW + j]. */
+/* The same for two tiles at once, wa's rows then wb's: sums[i * 2 * IW + j] (wa == wb runs one). */
 typedef void (*itile2_fn)(const qx_rows *x, int64_t m0, int mt, const uint8_t *wa, const uint8_t *wb, float *sums);
 
 /* A twin's tile function body: its own inline `itile` called with every row count a tile takes
@@ -130,16 +130,14 @@ typedef void (*itile2_fn)(const qx_rows *x, int64_t m0, int mt, const uint8_t *w
     }
 
 /* The twins: quant_int8.c (portable), quant_int8_avx2.c (AVX2), quant_int8_avx512.c (AVX-512:
- * its quantize needs F + BW, its tiles VNNI too, so an AVX-512 CPU without VNNI runs the AVX2
- * twin's tiles; bp_isa_vnni, isa.c, says which). */
+ * its quantize needs F + BW, its tiles VNNI too, two at a time, so an AVX-512 CPU without VNNI
+ * runs the AVX2 twin's tiles; bp_isa_vnni, isa.c, says which). */
 BP_INTERNAL void bp_quantize_x_portable(const float *x, int64_t M, int64_t K, qx_rows *qx);
 BP_INTERNAL itile_fn bp_itile_portable(int type);
 #ifdef BP_X86
 BP_INTERNAL void bp_quantize_x_avx2(const float *x, int64_t M, int64_t K, qx_rows *qx);
 BP_INTERNAL itile_fn bp_itile_avx2(int type);
 BP_INTERNAL void bp_quantize_x_avx512(const float *x, int64_t M, int64_t K, qx_rows *qx);
-BP_INTERNAL itile_fn bp_itile_avx512(int type);
-/* Its tiles two at a time, 16 outputs a register (quant_int8_avx512_wide.c; VNNI too). */
 BP_INTERNAL itile2_fn bp_itile2_avx512(int type);
 /* Whether this CPU has AVX-512 VNNI (vpdpbusd); asked only at the AVX-512 level (BP_PICK's first choice). */
 BP_INTERNAL int bp_isa_vnni(void);

@@ -1,13 +1,20 @@
 /* The int8 numerics' AVX-512 twin (quant_int8.h defines the arithmetic; quant_int8.c spells it
  * out in scalar C; quant_int8_avx2.c is the AVX2 twin this one follows): x quantized a block of
- * 32 floats in two 16-lane registers (AVX-512 F + BW), and tiles of 8 weight rows whose block
- * dots are AVX-512 VNNI's vpdpbusd on 8-lane registers (VL): four u8 x s8 products added into
- * each int32 lane with no int16 step, one instruction for what maddubs + madd + add did. 8 lanes,
- * not 16: the layout's 32-byte chunk holds 8 rows' quants for 4 weights each, so one x broadcast
- * (4 bytes, from memory) meets one chunk; a 16-lane form needs a permute of x per chunk pair,
- * and where 512-bit operations are split in two (Zen 4: vpdpbusd on 8 lanes runs two a cycle,
- * on 16 one) it does no more work a cycle. Step 3's float operations are the AVX2 twin's, in its
- * order, lane j output j: the same bits.
+ * 32 floats in two 16-lane registers (AVX-512 F + BW), and the weights' block dots by AVX-512
+ * VNNI's vpdpbusd: four u8 x s8 products added into each int32 lane with no int16 step, one
+ * instruction for what maddubs + madd + add did.
+ *
+ * Two tiles of 8 weight rows at a time, side by side in 16-lane registers (lanes 0-7 the first
+ * tile's rows, 8-15 the second's; the driver, quant_int8_linear.c, says which tiles pair): the
+ * layout's 32-byte chunk holds one tile's 8 rows' quants for 4 weights each, so one x broadcast
+ * (4 bytes) meets a chunk of each tile, and one float scale of x and one conversion serve 16
+ * outputs. Where 512-bit operations are split in two (Zen 4) the dots cost the same as on 8
+ * lanes and the rest is what a record pair saves: a tile at a time (8 lanes, until 2026-12-05)
+ * took ~150 instructions a 4-row record for 32 vpdpbusd. An odd last tile runs as a pair with
+ * itself, its second half not stored: 8 lanes' work thrown away once a matmul, for one code path.
+ *
+ * Same bits: lane j is output j's accumulator and takes step 3's float operations in the AVX2
+ * twin's order on the same values; only the exact integer sums are formed in wider registers.
  *
  * vpdpbusd multiplies an unsigned byte by a signed one: the weights go in unsigned (Q4_*, Q5_*,
  * Q6_K as the layout holds them, Q8_0 as q + 128, its sign bit flipped), x signed, and each
@@ -26,9 +33,9 @@
 
 #define ZTARGET "avx2,fma,f16c,avx512f,avx512vl,avx512dq,avx512bw"
 #define VTARGET ZTARGET ",avx512vnni"
-#define V8 static inline __attribute__((always_inline, target(VTARGET)))
+#define V16 static inline __attribute__((always_inline, target(VTARGET)))
 
-#define RMAX 4 /* rows of x a record's quants are unpacked for at once (8 spill registers: slower) */
+#define RMAX 4 /* rows of x a record pair's quants are unpacked for at once (8 spill registers: slower) */
 
 /* Step 1, as quant_int8.c's quantize_block: the block's halves (weights 0..15, 16..31) are the
  * two registers. Needs AVX-512 F + BW only (not VNNI). */
@@ -73,147 +80,193 @@ __attribute__((target(ZTARGET))) void bp_quantize_x_avx512(const float *x, int64
         }
 }
 
-/* Rows 0..R of x (R <= RMAX, a constant) against a record's quants: into lo[i] and hi[i] (which
- * start at what the caller puts there) the int32 sums, lane j weight row j's, of two halves of
- * the products: Q6_K weights 0..15 and 16..31 (its two scales; chunks 0-1 and 2-3), the other
- * nibble types the low and the high nibbles, Q8_0 chunks 0-3 and 4-7 (two chains, each half as
- * long). */
-V8 void packed_dot(const uint8_t *qs, const int8_t *const *xq, const int R, const int type, __m256i *lo,
-                   __m256i *hi) {
-#define XB(i, at) _mm256_set1_epi32(*(const int32_t *)(xq[i] + (at))) /* 4 bytes of row i in every lane */
-#define WB(c) _mm256_loadu_si256((const __m256i *)(qs + 32 * (c)))
+/* 32 bytes at a, then 32 at b */
+V16 __m512i load_pair(const uint8_t *a, const uint8_t *b) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a)),
+                              _mm256_loadu_si256((const __m256i *)b), 1);
+}
+/* 8 float16 at a, then 8 at b, exactly */
+V16 __m512 halves_pair(const uint8_t *a, const uint8_t *b) {
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a)),
+                                                   _mm_loadu_si128((const __m128i *)b), 1));
+}
+/* 8 unsigned bytes at a, then 8 at b, as floats (exactly) */
+V16 __m512 bytes_pair(const uint8_t *a, const uint8_t *b) {
+    const __m128i v = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)a), _mm_loadl_epi64((const __m128i *)b));
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v));
+}
+V16 __m512i shift16(__m512i v, const int by) { return by >= 0 ? _mm512_slli_epi16(v, by) : _mm512_srli_epi16(v, -by); }
+
+/* quant_int8.h's int8_plane_merge on both tiles' chunk c: the same shifts and masks, wider */
+V16 void plane_merge(const uint8_t *pa, const uint8_t *pb, const int bits, const int c, __m512i *l, __m512i *h) {
+    if (bits == 1) {
+        const __m512i p = load_pair(pa, pb), five = _mm512_set1_epi8(0x10);
+        *l = _mm512_or_si512(*l, _mm512_and_si512(shift16(p, 4 - 2 * c), five));
+        *h = _mm512_or_si512(*h, _mm512_and_si512(shift16(p, 3 - 2 * c), five));
+    } else if (bits == 2) {
+        const __m512i p = load_pair(pa + 32 * (c / 2), pb + 32 * (c / 2)), two = _mm512_set1_epi8(0x30);
+        *l = _mm512_or_si512(*l, _mm512_and_si512(shift16(p, 4 - 4 * (c % 2)), two));
+        *h = _mm512_or_si512(*h, _mm512_and_si512(shift16(p, 2 - 4 * (c % 2)), two));
+    }
+}
+
+/* Rows 0..R of x (R <= RMAX, a constant) against the quants of two records (qa, qb): into lo[i]
+ * and hi[i] (which start at what the caller puts there) the int32 sums, lane j weight row j's
+ * (qa's rows, then qb's), of two halves of the products: Q6_K weights 0..15 and 16..31 (its two
+ * scales; chunks 0-1 and 2-3), the other nibble types the low and the high nibbles, Q8_0 chunks
+ * 0-3 and 4-7 (two chains, each half as long). */
+V16 void packed_dot(const uint8_t *qa, const uint8_t *qb, const int8_t *const *xq, const int R, const int type,
+                    __m512i *lo, __m512i *hi) {
+#define XB(i, at) _mm512_set1_epi32(*(const int32_t *)(xq[i] + (at)))
     if (int8_nibbles(type)) {
-        const __m256i nibble = _mm256_set1_epi8(0x0F);
+        const __m512i nibble = _mm512_set1_epi8(0x0F);
         for (int c = 0; c < 4; c++) {
-            const __m256i v = WB(c);
-            __m256i l = _mm256_and_si256(v, nibble), h = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
-            int8_plane_merge(qs + 128, int8_plane_bits(type), c, &l, &h);
+            const __m512i v = load_pair(qa + 32 * c, qb + 32 * c);
+            __m512i l = _mm512_and_si512(v, nibble), h = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+            plane_merge(qa + 128, qb + 128, int8_plane_bits(type), c, &l, &h);
             for (int i = 0; i < R; i++) {
-                if (type == T_Q6_K) { /* weights 8c.. 8c + 7: the first half for c < 2 */
-                    __m256i *half = c < 2 ? &lo[i] : &hi[i];
-                    *half = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(*half, l, XB(i, 8 * c)), h, XB(i, 8 * c + 4));
+                if (type == T_Q6_K) {
+                    __m512i *half = c < 2 ? &lo[i] : &hi[i];
+                    *half = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(*half, l, XB(i, 8 * c)), h, XB(i, 8 * c + 4));
                 } else {
-                    lo[i] = _mm256_dpbusd_epi32(lo[i], l, XB(i, 8 * c));
-                    hi[i] = _mm256_dpbusd_epi32(hi[i], h, XB(i, 8 * c + 4));
+                    lo[i] = _mm512_dpbusd_epi32(lo[i], l, XB(i, 8 * c));
+                    hi[i] = _mm512_dpbusd_epi32(hi[i], h, XB(i, 8 * c + 4));
                 }
             }
         }
     } else { /* Q8_0: q + 128, unsigned */
-        const __m256i flip = _mm256_set1_epi8((char)0x80);
+        const __m512i flip = _mm512_set1_epi8((char)0x80);
         for (int c = 0; c < 8; c++) {
-            const __m256i v = _mm256_xor_si256(WB(c), flip);
+            const __m512i v = _mm512_xor_si512(load_pair(qa + 32 * c, qb + 32 * c), flip);
             for (int i = 0; i < R; i++) {
-                if (c < 4) lo[i] = _mm256_dpbusd_epi32(lo[i], v, XB(i, 4 * c));
-                else hi[i] = _mm256_dpbusd_epi32(hi[i], v, XB(i, 4 * c));
+                if (c < 4) lo[i] = _mm512_dpbusd_epi32(lo[i], v, XB(i, 4 * c));
+                else hi[i] = _mm512_dpbusd_epi32(hi[i], v, XB(i, 4 * c));
             }
         }
     }
-#undef WB
 #undef XB
 }
 
-/* Rows m0 + i0 .. + R of x (R <= RMAX) against block b's record: step 3 into acc, the AVX2
- * twin's float operations. */
-V8 void record_rows(const qx_rows *x, int64_t m0, const int i0, const int R, const uint8_t *w, int64_t b,
-                    const int type, __m256 *acc) {
+/* Rows m0 + i0 .. + R of x (R <= RMAX) against block b's records of both tiles (wa, wb): step 3
+ * into acc, the AVX2 twin's float operations. */
+V16 void record_rows(const qx_rows *x, int64_t m0, const int i0, const int R, const uint8_t *wa, const uint8_t *wb,
+                     int64_t b, const int type, __m512 *acc) {
     const int has_min = int8_has_min(type);
     const int zero = type == T_Q4_0 ? 8 : type == T_Q5_0 ? 16 : type == T_Q8_0 ? 128 : 0;
-    const uint8_t *sb = w + int8_sb_at(type, b), *rec = w + int8_group_at(type, b);
-#define HALVES(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p))) /* 8 float16, exactly */
-#define BYTES(p) _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p))))
-    __m256 dw, mw = _mm256_setzero_ps();
+    const int64_t sb = int8_sb_at(type, b), at_rec = int8_group_at(type, b);
+    const uint8_t *ra = wa + at_rec, *rb = wb + at_rec;
+    __m512 dw, mw = _mm512_setzero_ps();
     if (type == T_Q4_K || type == T_Q5_K) { /* d * sc and -(dmin * m): the definition's products */
-        dw = _mm256_mul_ps(HALVES(sb), BYTES(rec));
-        mw = _mm256_xor_ps(_mm256_mul_ps(HALVES(sb + 16), BYTES(rec + 8)), _mm256_set1_ps(-0.0f));
+        dw = _mm512_mul_ps(halves_pair(wa + sb, wb + sb), bytes_pair(ra, rb));
+        mw = _mm512_xor_ps(_mm512_mul_ps(halves_pair(wa + sb + 16, wb + sb + 16), bytes_pair(ra + 8, rb + 8)),
+                           _mm512_set1_ps(-0.0f));
     } else if (type == T_Q6_K) {
-        dw = HALVES(sb);
+        dw = halves_pair(wa + sb, wb + sb);
     } else {
-        dw = HALVES(rec);
-        if (has_min) mw = HALVES(rec + 16);
+        dw = halves_pair(ra, rb);
+        if (has_min) mw = halves_pair(ra + 16, rb + 16);
     }
-#undef HALVES
-#undef BYTES
     const int8_t *xq[RMAX];
-    __m256i lo[RMAX], hi[RMAX];
+    __m512i lo[RMAX], hi[RMAX];
     for (int i = 0; i < R; i++) {
         const int64_t at = (m0 + i0 + i) * x->nb + b;
         xq[i] = x->q + (m0 + i0 + i) * x->K + b * QB;
-        /* the zero taken off up front: the sums start at -zero * sum(q_x), Q6_K's each half's own */
         if (type == T_Q6_K) {
-            lo[i] = _mm256_set1_epi32(-32 * x->sum[3 * at + 1]);
-            hi[i] = _mm256_set1_epi32(-32 * x->sum[3 * at + 2]);
+            lo[i] = _mm512_set1_epi32(-32 * x->sum[3 * at + 1]);
+            hi[i] = _mm512_set1_epi32(-32 * x->sum[3 * at + 2]);
         } else {
-            lo[i] = _mm256_set1_epi32(-zero * x->sum[3 * at]); /* 0 for the types with a min */
-            hi[i] = _mm256_setzero_si256();
+            lo[i] = _mm512_set1_epi32(-zero * x->sum[3 * at]);
+            hi[i] = _mm512_setzero_si512();
         }
     }
-    packed_dot(rec + int8_group_header(type), xq, R, type, lo, hi);
-    __m256i sc_a = _mm256_setzero_si256(), sc_b = sc_a;
+    const int64_t header = int8_group_header(type);
+    packed_dot(ra + header, rb + header, xq, R, type, lo, hi);
+    __m512i sc_a = _mm512_setzero_si512(), sc_b = sc_a;
     if (type == T_Q6_K) { /* each lane's int8 pair (sc_a, sc_b), sign-extended to int32 */
-        const __m256i scales = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)rec));
-        sc_a = _mm256_srai_epi32(_mm256_slli_epi32(scales, 24), 24);
-        sc_b = _mm256_srai_epi32(_mm256_slli_epi32(scales, 16), 24);
+        const __m512i scales = _mm512_cvtepu16_epi32(_mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)ra)), _mm_loadu_si128((const __m128i *)rb), 1));
+        sc_a = _mm512_srai_epi32(_mm512_slli_epi32(scales, 24), 24);
+        sc_b = _mm512_srai_epi32(_mm512_slli_epi32(scales, 16), 24);
     }
     for (int i = 0; i < R; i++) {
         const int64_t at = (m0 + i0 + i) * x->nb + b;
-        __m256i isum;
-        if (type == T_Q6_K) /* sc_a sum_{0..15} (q_w - 32) q_x + sc_b sum_{16..31} (q_w - 32) q_x */
-            isum = _mm256_add_epi32(_mm256_mullo_epi32(lo[i], sc_a), _mm256_mullo_epi32(hi[i], sc_b));
-        else
-            isum = _mm256_add_epi32(lo[i], hi[i]);
-        const __m256 s = _mm256_mul_ps(dw, _mm256_set1_ps(x->d[at]));
-        acc[i0 + i] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(isum), acc[i0 + i]);
-        if (has_min) acc[i0 + i] = _mm256_fmadd_ps(mw, _mm256_set1_ps(x->sx[at]), acc[i0 + i]);
+        const __m512i isum = type == T_Q6_K
+                                 ? _mm512_add_epi32(_mm512_mullo_epi32(lo[i], sc_a), _mm512_mullo_epi32(hi[i], sc_b))
+                                 : _mm512_add_epi32(lo[i], hi[i]);
+        const __m512 s = _mm512_mul_ps(dw, _mm512_set1_ps(x->d[at]));
+        acc[i0 + i] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(isum), acc[i0 + i]);
+        if (has_min) acc[i0 + i] = _mm512_fmadd_ps(mw, _mm512_set1_ps(x->sx[at]), acc[i0 + i]);
     }
 }
 
-/* mt rows of x against a tile of 8 weight rows in records: quant_int8.h's step 3, lane j output j. */
-V8 void itile(const qx_rows *x, int64_t m0, const int mt, const uint8_t *w, float *sums, const int type) {
+/* mt rows of x against the tiles at wa and wb: sums[i * 2 * IW + j], j < 8 wa's rows, 8.. wb's
+ * (wa == wb: one tile, twice). */
+V16 void itile(const qx_rows *x, int64_t m0, const int mt, const uint8_t *wa, const uint8_t *wb, float *sums,
+               const int type) {
     const int64_t gb = int8_group_bytes(type);
-    __m256 acc[IROWS];
-    for (int i = 0; i < mt; i++) acc[i] = _mm256_setzero_ps();
+    __m512 acc[IROWS];
+    for (int i = 0; i < mt; i++) acc[i] = _mm512_setzero_ps();
     for (int64_t b = 0; b < x->nb; b++) {
-        const uint8_t *rec = w + int8_group_at(type, b);
-        /* about two records ahead, as the AVX2 twin (farther, 1-4 KB, helped one row against a
-         * weight in L3 and hurt one streaming from memory, by 10-20% each way, on Zen 4) */
-        for (int64_t line = 0; line < gb; line += 64)
-            _mm_prefetch((const char *)(rec + 2 * gb + line), _MM_HINT_T0);
+        const int64_t at = int8_group_at(type, b);
+        /* about two records ahead in each, as the AVX2 twin (farther, 1-4 KB, helped one row against
+         * a weight in L3 and hurt one streaming from memory, by 10-20% each way, on Zen 4) */
+        for (int64_t line = 0; line < gb; line += 64) {
+            _mm_prefetch((const char *)(wa + at + 2 * gb + line), _MM_HINT_T0);
+            _mm_prefetch((const char *)(wb + at + 2 * gb + line), _MM_HINT_T0);
+        }
         int i0 = 0;
-        for (; i0 + RMAX <= mt; i0 += RMAX) record_rows(x, m0, i0, RMAX, w, b, type, acc);
+        for (; i0 + RMAX <= mt; i0 += RMAX) record_rows(x, m0, i0, RMAX, wa, wb, b, type, acc);
         switch (mt - i0) {
-        case 1: record_rows(x, m0, i0, 1, w, b, type, acc); break;
-        case 2: record_rows(x, m0, i0, 2, w, b, type, acc); break;
-        case 3: record_rows(x, m0, i0, 3, w, b, type, acc); break;
+        case 1: record_rows(x, m0, i0, 1, wa, wb, b, type, acc); break;
+        case 2: record_rows(x, m0, i0, 2, wa, wb, b, type, acc); break;
+        case 3: record_rows(x, m0, i0, 3, wa, wb, b, type, acc); break;
         }
     }
-    for (int i = 0; i < mt; i++) _mm256_storeu_ps(sums + i * IW, acc[i]);
+    for (int i = 0; i < mt; i++) _mm512_storeu_ps(sums + i * 2 * IW, acc[i]);
 }
 
-/* One function per type (quant_int8.h's ITILE_BY_ROWS: every row count a constant). */
-#define ITILE_FN(NAME, TYPE)                                                                             \
-    __attribute__((target(VTARGET))) static void NAME(const qx_rows *x, int64_t m0, int mt,            \
-                                                      const uint8_t *w, float *sums) {                 \
-        ITILE_BY_ROWS(TYPE)                                                                              \
+#define ITILE2_FN(NAME, TYPE)                                                                               \
+    __attribute__((target(VTARGET))) static void NAME(const qx_rows *x, int64_t m0, int mt, const uint8_t *wa, \
+                                                      const uint8_t *wb, float *sums) {                         \
+        switch (mt) {                                                                                           \
+        case 1: itile(x, m0, 1, wa, wb, sums, TYPE); break;                                                     \
+        case 2: itile(x, m0, 2, wa, wb, sums, TYPE); break;                                                     \
+        case 3: itile(x, m0, 3, wa, wb, sums, TYPE); break;                                                     \
+        case 4: itile(x, m0, 4, wa, wb, sums, TYPE); break;                                                     \
+        case 5: itile(x, m0, 5, wa, wb, sums, TYPE); break;                                                     \
+        case 6: itile(x, m0, 6, wa, wb, sums, TYPE); break;                                                     \
+        case 7: itile(x, m0, 7, wa, wb, sums, TYPE); break;                                                     \
+        case 8: itile(x, m0, 8, wa, wb, sums, TYPE); break;                                                     \
+        case 9: itile(x, m0, 9, wa, wb, sums, TYPE); break;                                                     \
+        case 10: itile(x, m0, 10, wa, wb, sums, TYPE); break;                                                   \
+        case 11: itile(x, m0, 11, wa, wb, sums, TYPE); break;                                                   \
+        case 12: itile(x, m0, 12, wa, wb, sums, TYPE); break;                                                   \
+        case 13: itile(x, m0, 13, wa, wb, sums, TYPE); break;                                                   \
+        case 14: itile(x, m0, 14, wa, wb, sums, TYPE); break;                                                   \
+        case 15: itile(x, m0, 15, wa, wb, sums, TYPE); break;                                                   \
+        case 16: itile(x, m0, 16, wa, wb, sums, TYPE); break;                                                   \
+        default: itile(x, m0, mt, wa, wb, sums, TYPE);                                                          \
+        }                                                                                                       \
     }
-ITILE_FN(q4_0_vnni, T_Q4_0)
-ITILE_FN(q4_1_vnni, T_Q4_1)
-ITILE_FN(q5_0_vnni, T_Q5_0)
-ITILE_FN(q5_1_vnni, T_Q5_1)
-ITILE_FN(q8_0_vnni, T_Q8_0)
-ITILE_FN(q4_k_vnni, T_Q4_K)
-ITILE_FN(q5_k_vnni, T_Q5_K)
-ITILE_FN(q6_k_vnni, T_Q6_K)
+ITILE2_FN(q4_0_wide, T_Q4_0)
+ITILE2_FN(q4_1_wide, T_Q4_1)
+ITILE2_FN(q5_0_wide, T_Q5_0)
+ITILE2_FN(q5_1_wide, T_Q5_1)
+ITILE2_FN(q8_0_wide, T_Q8_0)
+ITILE2_FN(q4_k_wide, T_Q4_K)
+ITILE2_FN(q5_k_wide, T_Q5_K)
+ITILE2_FN(q6_k_wide, T_Q6_K)
 
-itile_fn bp_itile_avx512(int type) {
+itile2_fn bp_itile2_avx512(int type) {
     switch (type) {
-    case T_Q4_0: return q4_0_vnni;
-    case T_Q4_1: return q4_1_vnni;
-    case T_Q5_0: return q5_0_vnni;
-    case T_Q5_1: return q5_1_vnni;
-    case T_Q8_0: return q8_0_vnni;
-    case T_Q4_K: return q4_k_vnni;
-    case T_Q5_K: return q5_k_vnni;
-    case T_Q6_K: return q6_k_vnni;
+    case T_Q4_0: return q4_0_wide;
+    case T_Q4_1: return q4_1_wide;
+    case T_Q5_0: return q5_0_wide;
+    case T_Q5_1: return q5_1_wide;
+    case T_Q8_0: return q8_0_wide;
+    case T_Q4_K: return q4_k_wide;
+    case T_Q5_K: return q5_k_wide;
+    case T_Q6_K: return q6_k_wide;
     default: return NULL;
     }
 }

@@ -15,12 +15,11 @@ static inline int outputs_from(int64_t N, int64_t n) { return (int)(N - n < IW ?
  * repacked and take the float path (bp_linear_q), whose bits are the same in either numerics. */
 void bp_linear_q_int8(const float *x, const uint8_t *w, int type, int64_t row_bytes, const float *b, float *y,
                       int64_t ldy, int64_t M, int64_t N, int64_t K, int accumulate, int num_threads) {
-    /* the AVX-512 level's tiles need VNNI as well; without it, the AVX2 twin's (the same bits) */
-    itile_fn tile = BP_PICK(bp_isa_vnni() ? bp_itile_avx512(type) : bp_itile_avx2(type), bp_itile_avx2(type),
-                            bp_itile_portable(type));
-    /* and with VNNI, two tiles at a time in 16-lane registers (an odd last tile: the one) */
+    /* The AVX-512 level's tiles need VNNI as well, and run two at a time (16-lane registers);
+     * without VNNI, the AVX2 twin's tiles one at a time (the same bits). */
     itile2_fn wide = BP_PICK(bp_isa_vnni() ? bp_itile2_avx512(type) : NULL, NULL, NULL);
-    if (!tile || K % (QB * int8_groups(type))) {
+    itile_fn tile = wide ? NULL : BP_PICK(bp_itile_avx2(type), bp_itile_avx2(type), bp_itile_portable(type));
+    if ((!wide && !tile) || K % (QB * int8_groups(type))) {
         bp_linear_q(x, w, type, row_bytes, b, y, ldy, M, N, K, accumulate, num_threads);
         return;
     }
@@ -47,19 +46,20 @@ void bp_linear_q_int8(const float *x, const uint8_t *w, int type, int64_t row_by
          * wide tiles, tile u goes with tile u + half, so each of a thread's two weight streams
          * reads its tiles in order, one after the other in memory: neighbouring tiles paired
          * jumped a tile ahead at every pair, and one row of x against weights from memory took
-         * up to 2.8x the time. An odd last tile runs alone. */
+         * up to 2.8x the time. An odd last tile runs as a pair with itself, its copy not stored. */
         const int64_t half = wide ? num_tiles / 2 : 0, units = half + (num_tiles - 2 * half);
 #pragma omp for schedule(static)
         for (int64_t u = 0; u < units; u++) {
             const int64_t t = u < half ? u : half + u; /* u >= half: the tiles past the pairs */
+            const int64_t second = u < half ? t + half : t, n2 = second * IW; /* the second tile, its first output */
             float sums[IROWS * 2 * IW];
             for (int64_t m = 0; m < M; m += IROWS) {
                 const int mt = (int)(M - m < IROWS ? M - m : IROWS);
-                if (u < half) {
-                    const int64_t n2 = (t + half) * IW; /* the second tile's first output */
-                    wide(&qx, m, mt, w + t * tile_bytes, w + (t + half) * tile_bytes, sums);
-                    bp_store_tile(sums, 2 * IW, b, y, m, t * IW, mt, IW, ldy, accumulate);
-                    bp_store_tile(sums + IW, 2 * IW, b, y, m, n2, mt, outputs_from(N, n2), ldy, accumulate);
+                if (wide) {
+                    wide(&qx, m, mt, w + t * tile_bytes, w + second * tile_bytes, sums);
+                    bp_store_tile(sums, 2 * IW, b, y, m, t * IW, mt, outputs_from(N, t * IW), ldy, accumulate);
+                    if (second != t)
+                        bp_store_tile(sums + IW, 2 * IW, b, y, m, n2, mt, outputs_from(N, n2), ldy, accumulate);
                 } else {
                     tile(&qx, m, mt, w + t * tile_bytes, sums);
                     bp_store_tile(sums, IW, b, y, m, t * IW, mt, outputs_from(N, t * IW), ldy, accumulate);
