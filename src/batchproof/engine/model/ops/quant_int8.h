@@ -103,30 +103,30 @@ typedef void (*itile_fn)(const qx_rows *x, int64_t m0, int mt, const uint8_t *w,
 /* The same for two tiles at once, wa's rows then wb's: sums[i * 2 * IW + j] (wa == wb runs one). */
 typedef void (*itile2_fn)(const qx_rows *x, int64_t m0, int mt, const uint8_t *wa, const uint8_t *wb, float *sums);
 
-/* A twin's tile function body: its own inline `itile` called with every row count a tile takes
- * (1 to IROWS) as a constant, so the row loops unroll and the accumulators stay in registers
- * (a count left to a generic loop, as 3, 5, 6 and 7 were, kept them in memory and ran 10-25%
- * slower than its neighbours: 5 rows cost 2.0 one-row steps against 1.6 once constant on Zen 4,
- * bench/step_cost.py; the same bits either way). */
-#define ITILE_BY_ROWS(TYPE)                                                                        \
-    switch (mt) {                                                                                  \
-    case 1: itile(x, m0, 1, w, sums, TYPE); break;                                                 \
-    case 2: itile(x, m0, 2, w, sums, TYPE); break;                                                 \
-    case 3: itile(x, m0, 3, w, sums, TYPE); break;                                                 \
-    case 4: itile(x, m0, 4, w, sums, TYPE); break;                                                 \
-    case 5: itile(x, m0, 5, w, sums, TYPE); break;                                                 \
-    case 6: itile(x, m0, 6, w, sums, TYPE); break;                                                 \
-    case 7: itile(x, m0, 7, w, sums, TYPE); break;                                                 \
-    case 8: itile(x, m0, 8, w, sums, TYPE); break;                                                 \
-    case 9: itile(x, m0, 9, w, sums, TYPE); break;                                                 \
-    case 10: itile(x, m0, 10, w, sums, TYPE); break;                                               \
-    case 11: itile(x, m0, 11, w, sums, TYPE); break;                                               \
-    case 12: itile(x, m0, 12, w, sums, TYPE); break;                                               \
-    case 13: itile(x, m0, 13, w, sums, TYPE); break;                                               \
-    case 14: itile(x, m0, 14, w, sums, TYPE); break;                                               \
-    case 15: itile(x, m0, 15, w, sums, TYPE); break;                                               \
-    case 16: itile(x, m0, 16, w, sums, TYPE); break;                                               \
-    default: itile(x, m0, mt, w, sums, TYPE);                                                      \
+/* A twin's tile function body: its own inline `itile` (its weight arguments, one tile's or two's,
+ * after TYPE) called with every row count a tile takes (1 to IROWS) as a constant, so the row
+ * loops unroll and the accumulators stay in registers (a count left to a generic loop, as 3, 5,
+ * 6 and 7 were, kept them in memory and ran 10-25% slower than its neighbours: 5 rows cost 2.0
+ * one-row steps against 1.6 once constant on Zen 4, bench/step_cost.py; the same bits either way). */
+#define ITILE_BY_ROWS(TYPE, ...)                               \
+    switch (mt) {                                              \
+    case 1: itile(x, m0, 1, __VA_ARGS__, sums, TYPE); break;   \
+    case 2: itile(x, m0, 2, __VA_ARGS__, sums, TYPE); break;   \
+    case 3: itile(x, m0, 3, __VA_ARGS__, sums, TYPE); break;   \
+    case 4: itile(x, m0, 4, __VA_ARGS__, sums, TYPE); break;   \
+    case 5: itile(x, m0, 5, __VA_ARGS__, sums, TYPE); break;   \
+    case 6: itile(x, m0, 6, __VA_ARGS__, sums, TYPE); break;   \
+    case 7: itile(x, m0, 7, __VA_ARGS__, sums, TYPE); break;   \
+    case 8: itile(x, m0, 8, __VA_ARGS__, sums, TYPE); break;   \
+    case 9: itile(x, m0, 9, __VA_ARGS__, sums, TYPE); break;   \
+    case 10: itile(x, m0, 10, __VA_ARGS__, sums, TYPE); break; \
+    case 11: itile(x, m0, 11, __VA_ARGS__, sums, TYPE); break; \
+    case 12: itile(x, m0, 12, __VA_ARGS__, sums, TYPE); break; \
+    case 13: itile(x, m0, 13, __VA_ARGS__, sums, TYPE); break; \
+    case 14: itile(x, m0, 14, __VA_ARGS__, sums, TYPE); break; \
+    case 15: itile(x, m0, 15, __VA_ARGS__, sums, TYPE); break; \
+    case 16: itile(x, m0, 16, __VA_ARGS__, sums, TYPE); break; \
+    default: itile(x, m0, mt, __VA_ARGS__, sums, TYPE);        \
     }
 
 /* The twins: quant_int8.c (portable), quant_int8_avx2.c (AVX2), quant_int8_avx512.c (AVX-512:

@@ -197,7 +197,7 @@ I8 void itile(const qx_rows *x, int64_t m0, const int mt, const uint8_t *w, floa
 #define ITILE_FN(NAME, TYPE)                                                                             \
     __attribute__((target("avx2,fma,f16c"))) static void NAME(const qx_rows *x, int64_t m0, int mt,    \
                                                          const uint8_t *w, float *sums) {              \
-        ITILE_BY_ROWS(TYPE)                                                                              \
+        ITILE_BY_ROWS(TYPE, w)                                                                           \
     }
 ITILE_FN(q4_0_avx2, T_Q4_0)
 ITILE_FN(q4_1_avx2, T_Q4_1)

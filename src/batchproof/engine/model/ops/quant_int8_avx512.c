@@ -225,28 +225,11 @@ V16 void itile(const qx_rows *x, int64_t m0, const int mt, const uint8_t *wa, co
     for (int i = 0; i < mt; i++) _mm512_storeu_ps(sums + i * 2 * IW, acc[i]);
 }
 
+/* One function per type (quant_int8.h's ITILE_BY_ROWS: every row count a constant). */
 #define ITILE2_FN(NAME, TYPE)                                                                               \
     __attribute__((target(VTARGET))) static void NAME(const qx_rows *x, int64_t m0, int mt, const uint8_t *wa, \
                                                       const uint8_t *wb, float *sums) {                         \
-        switch (mt) {                                                                                           \
-        case 1: itile(x, m0, 1, wa, wb, sums, TYPE); break;                                                     \
-        case 2: itile(x, m0, 2, wa, wb, sums, TYPE); break;                                                     \
-        case 3: itile(x, m0, 3, wa, wb, sums, TYPE); break;                                                     \
-        case 4: itile(x, m0, 4, wa, wb, sums, TYPE); break;                                                     \
-        case 5: itile(x, m0, 5, wa, wb, sums, TYPE); break;                                                     \
-        case 6: itile(x, m0, 6, wa, wb, sums, TYPE); break;                                                     \
-        case 7: itile(x, m0, 7, wa, wb, sums, TYPE); break;                                                     \
-        case 8: itile(x, m0, 8, wa, wb, sums, TYPE); break;                                                     \
-        case 9: itile(x, m0, 9, wa, wb, sums, TYPE); break;                                                     \
-        case 10: itile(x, m0, 10, wa, wb, sums, TYPE); break;                                                   \
-        case 11: itile(x, m0, 11, wa, wb, sums, TYPE); break;                                                   \
-        case 12: itile(x, m0, 12, wa, wb, sums, TYPE); break;                                                   \
-        case 13: itile(x, m0, 13, wa, wb, sums, TYPE); break;                                                   \
-        case 14: itile(x, m0, 14, wa, wb, sums, TYPE); break;                                                   \
-        case 15: itile(x, m0, 15, wa, wb, sums, TYPE); break;                                                   \
-        case 16: itile(x, m0, 16, wa, wb, sums, TYPE); break;                                                   \
-        default: itile(x, m0, mt, wa, wb, sums, TYPE);                                                          \
-        }                                                                                                       \
+        ITILE_BY_ROWS(TYPE, wa, wb)                                                                             \
     }
 ITILE2_FN(q4_0_wide, T_Q4_0)
 ITILE2_FN(q4_1_wide, T_Q4_1)
