@@ -102,6 +102,36 @@ def issue36_requests() -> list[Hostile]:
     return [Hostile(name, path, json.dumps(body).encode(), bad) for name, path, body in requests]
 
 
+def _rollout(logprobs: str = "[-0.5, -1.0]", **fields: str) -> bytes:
+    """A notary body with one rollout of 2 completion tokens, its numbers written as raw JSON
+    (1e400 and 10**400 have no Python float to dump)."""
+    extra = "".join(f', "{k}": {v}' for k, v in fields.items() if k != "top_logprobs")
+    top = f', "top_logprobs": {fields["top_logprobs"]}' if "top_logprobs" in fields else ""
+    return (f'{{"rollouts": [{{"prompt_token_ids": [1, 2, 3], "completion_token_ids": [4, 5], '
+            f'"logprobs": {logprobs}{top}}}]{extra}}}').encode()
+
+
+def issue58_requests() -> list[Hostile]:
+    """Issue 58's table: the notary's numbers and sizes, and bodies whose nested lists no field
+    count reached. Each a 400 naming what it holds (or a 200 where the number is a real claim)."""
+    bad, ok = frozenset({400}), frozenset({200})
+    parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}] * 288_938}], "max_tokens": 1}
+    stops = _chat(max_tokens=1, stop=["a"] * 1_500_000)
+    return [
+        Hostile("notary: 3,000,000 tis_caps", "/v1/verify_rollouts",
+                _rollout(tis_caps=json.dumps([2] * 3_000_000, separators=(",", ":"))), bad),
+        Hostile("notary: -9999 claims", "/v1/verify_rollouts", _rollout("[-9999, -9999]"), ok),
+        Hostile("notary: near_tie 1e400", "/v1/verify_rollouts", _rollout(near_tie="1e400"), bad),
+        Hostile("notary: near_tie 10**400", "/v1/verify_rollouts", _rollout(near_tie=str(10**400)), bad),
+        Hostile("notary: a logprob of -10**400", "/v1/verify_rollouts", _rollout(f"[-{10**400}, -1.0]"), bad),
+        Hostile("notary: a top_logprobs key of '²'", "/v1/verify_rollouts",
+                _rollout(top_logprobs='[{"\u00b2": -1.0}, null]'), bad),
+        Hostile("288,938 content parts", "/v1/chat/completions", json.dumps(parts, separators=(",", ":")).encode(),
+                bad),
+        Hostile("1,500,000 stop strings", "/v1/chat/completions", json.dumps(stops).encode(), bad),
+    ]
+
+
 def hostile_requests(vocab: int, context: int, max_request_bytes: int, rng: random.Random) -> list[Hostile]:
     full_bias = _chat("Tell me everything.", max_tokens=64, ignore_eos=True, temperature=0,
                       logit_bias={str(i): 0.0 for i in range(vocab)})
@@ -115,7 +145,7 @@ def hostile_requests(vocab: int, context: int, max_request_bytes: int, rng: rand
                                                           "json_schema": {"name": "pet", "schema": PET_SCHEMA}})
     # Issue 36's first: the longest prompt's prefill (a minute on 2 cores) would leave a short
     # run no time for them.
-    return [*issue36_requests(),
+    return [*issue36_requests(), *issue58_requests(),
             *[Hostile("constrained, hung up", "/v1/chat/completions", json.dumps(constrained).encode(),
                       frozenset())] * 3,
             Hostile("bias on every token", "/v1/chat/completions", json.dumps(full_bias).encode(), frozenset({200})),
@@ -256,6 +286,40 @@ async def one_at_a_time(url: str, facts: dict) -> list[tuple[str, str, float, fl
     return rows
 
 
+async def burst(url: str, hostile: Hostile, copies: int = 8) -> tuple[str, str, float, float]:
+    """Issue 58's burst: `copies` of one hostile request at once, /health polled meanwhile."""
+    log, worst, until = HostileLog(), [0.0], asyncio.Event()
+
+    async def send_all() -> None:
+        async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=copies)) as client:
+            await asyncio.gather(*(send_hostile(client, url, hostile, log) for _ in range(copies)))
+        until.set()
+
+    await asyncio.gather(send_all(), health_watch(url, until, worst))
+    return (f"{copies} x {hostile.name} at once", ",".join(log.statuses[hostile.name]), log.slowest_s[hostile.name],
+            worst[0])
+
+
+async def idle_sockets(url: str, count: int = 2000) -> tuple[str, str, float, float]:
+    """Issue 58's: `count` connections that send nothing, then /health and a chat completion."""
+    host, port = url.removeprefix("http://").split(":")
+    writers = []
+    try:
+        for _ in range(count):
+            writers.append((await asyncio.open_connection(host, int(port)))[1])
+        async with httpx.AsyncClient(timeout=60) as client:
+            started = time.perf_counter()
+            health = await client.get(f"{url}/health")
+            health_s = time.perf_counter() - started
+            started = time.perf_counter()
+            chat = await client.post(f"{url}/v1/chat/completions", json=_chat(max_tokens=4))
+            return (f"{count} idle sockets, then a chat", f"{health.status_code},{chat.status_code}",
+                    time.perf_counter() - started, health_s)
+    finally:
+        for writer in writers:
+            writer.close()
+
+
 def server_facts(url: str) -> dict:
     info = httpx.get(f"{url}/v1/server_info").json()
     tokenizer = httpx.get(f"{url}/tokenizer_info").json()
@@ -284,7 +348,10 @@ def main() -> int:
     try:
         facts = server_facts(url)
         if args.one_at_a_time:
-            for name, outcome, took, worst in asyncio.run(one_at_a_time(url, facts)):
+            rows = asyncio.run(one_at_a_time(url, facts))
+            stops = next(h for h in issue58_requests() if h.name == "1,500,000 stop strings")
+            rows += [asyncio.run(burst(url, stops)), asyncio.run(idle_sockets(url))]
+            for name, outcome, took, worst in rows:
                 print(f"{name:36s} {outcome:>28s} in {took:6.2f} s; /health at worst {worst * 1000:6.0f} ms")
             return 0
         asyncio.run(soak(url, args.clients, args.tokens, facts, False, seconds=10))  # warm-up

@@ -53,7 +53,7 @@ def serve(root: Path) -> tuple[subprocess.Popen, str]:
         port = s.getsockname()[1]
     server = subprocess.Popen([sys.executable, "-m", "batchproof", "serve", "--model", str(root / "step-0.gguf"),
                                "--allow-weight-updates", "--port", str(port)],
-                              env={**os.environ, "BATCHPROOF_API_KEY": KEY})
+                              env={**os.environ, "BATCHPROOF_ADMIN_API_KEY": KEY})
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
         try:

@@ -5,9 +5,9 @@ the rollout server and a `transformers` copy of the same model as the trainer
     python examples/rl_loop.py [--steps 3] [--workdir DIR] [--url http://127.0.0.1:8080]
 
 It converts the default model (SmolLM2-135M-Instruct's GGUF) to a float32 Hugging Face
-checkpoint, serves it (`batchproof serve --model DIR --allow-weight-updates`, with a fresh API key
-in $BATCHPROOF_API_KEY; or, with --url, a server already started that way, its key in
-$BATCHPROOF_API_KEY), and each step: samples completions with logprobs and their
+checkpoint, serves it (`batchproof serve --model DIR --allow-weight-updates`, with a fresh admin
+key in $BATCHPROOF_ADMIN_API_KEY; or, with --url, a server already started that way, its admin key
+in $BATCHPROOF_ADMIN_API_KEY), and each step: samples completions with logprobs and their
 token ids, rewards each one (toy: how many times it writes the letter "e"), re-scores the same
 ids on the server (/v1/completions, echo) and in the trainer's float32 forward, takes two SGD
 steps, writes the checkpoint and swaps it in with POST /v1/load_weights. It prints two gaps per
@@ -56,10 +56,11 @@ def start_server(checkpoint: Path, key: str) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:  # a free port
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    # load_weights reads files on the server's machine: it needs an API key (kept out of `ps`).
+    # load_weights reads files on the server's machine: it needs the admin key (kept out of `ps`),
+    # which also serves the rollouts.
     server = subprocess.Popen([sys.executable, "-m", "batchproof", "serve", "--model", str(checkpoint),
                                "--allow-weight-updates", "--port", str(port)],
-                              env={**os.environ, "BATCHPROOF_API_KEY": key})
+                              env={**os.environ, "BATCHPROOF_ADMIN_API_KEY": key})
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     while True:
@@ -152,7 +153,7 @@ def main() -> None:
     started = time.perf_counter()
     model = convert_default_model(workdir / "step-0")
     print(f"converted the default model to {workdir / 'step-0'} in {time.perf_counter() - started:.0f} s")
-    key = os.environ["BATCHPROOF_API_KEY"] if args.url else secrets.token_hex(16)
+    key = os.environ["BATCHPROOF_ADMIN_API_KEY"] if args.url else secrets.token_hex(16)
     server, url = (None, args.url) if args.url else start_server(workdir / "step-0", key)
     if args.url:
         load_weights(url, key, workdir / "step-0")  # the trainer's weights, whatever it served before

@@ -13,6 +13,7 @@ import uvicorn
 from batchproof.engine.config import EngineConfig
 from batchproof.server.app import create_app
 from batchproof.server.config import ServerConfig
+from batchproof.server.connections import uvicorn_config
 
 
 @dataclass
@@ -33,7 +34,8 @@ def live_server(engine=None, wait_ready: bool = True, **server_settings) -> Iter
     config = ServerConfig(host="127.0.0.1", port=0, **server_settings)
     engine_config = EngineConfig(device="cpu", **engine_settings)
     app = create_app(config, engine_config, engine=engine)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", access_log=False))
+    # The served protocol and bounds (server/connections.py), as `batchproof serve` runs them.
+    server = uvicorn.Server(uvicorn_config(app, "127.0.0.1", 0))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 60

@@ -2,7 +2,7 @@
 in place. Streams running at the swap finish on the old weights (the same replies as a fresh
 server on them), the next requests run on the new ones (the same replies as a fresh server on
 those), a checkpoint of other shapes is a 400 that changes nothing; off unless
---allow-weight-updates, and behind the API key."""
+--allow-weight-updates, and behind the admin API key."""
 
 import json
 import threading
@@ -29,7 +29,7 @@ def body(prompt: str, max_tokens: int, **fields) -> dict:
     return {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "logprobs": 2, "ignore_eos": True, **fields}
 
 
-KEY = "sekrit"  # --allow-weight-updates needs an API key
+KEY = "sekrit"  # --allow-weight-updates needs an admin API key
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
@@ -70,7 +70,7 @@ def checkpoints(tiny_checkpoint):
 
 def test_swap_under_load_then_the_new_weights_serve(checkpoints):
     old, new, other_arch = checkpoints
-    with live_server(engine_on(old), allow_weight_updates=True, api_key=KEY) as live:
+    with live_server(engine_on(old), allow_weight_updates=True, admin_api_key=KEY) as live:
         before = httpx.get(live.url + "/v1/server_info", headers=AUTH).json()
         streams = [Stream(live.url, prompt) for prompt in PROMPTS]
         for s in streams:
@@ -110,7 +110,7 @@ def test_off_unless_allowed_and_behind_the_api_key(checkpoints):
     with live_server(engine) as live:
         assert_error(httpx.post(live.url + "/v1/load_weights", json={"path": str(new)}), 403,
                      mentions=("--allow-weight-updates",))
-    with live_server(engine, allow_weight_updates=True, api_key="sekrit") as live:
+    with live_server(engine, allow_weight_updates=True, admin_api_key="sekrit") as live:
         assert_error(httpx.post(live.url + "/v1/load_weights", json={"path": str(new)}), 401, param="authorization")
         good = {"Authorization": "Bearer sekrit"}
         assert_error(httpx.post(live.url + "/v1/load_weights", json={"path": str(new), "x": 1}, headers=good), 400,

@@ -45,7 +45,7 @@ def _completion(url: str, prompt: str, max_tokens: int = 8) -> tuple[int, str, l
 
 
 def _server(directory: Path, weights_root: Path):
-    return live_server(engine_on(directory), allow_weight_updates=True, api_key=KEY, weights_root=weights_root)
+    return live_server(engine_on(directory), allow_weight_updates=True, admin_api_key=KEY, weights_root=weights_root)
 
 
 @pytest.mark.skipif(not kernels.available(), reason="the prefix cache needs our kernels")

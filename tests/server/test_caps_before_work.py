@@ -88,8 +88,9 @@ def test_arguments_count_toward_the_text_that_must_fit_before_rendering(server, 
 def test_140000_tool_messages_are_refused_by_count_before_rendering(server, engine, no_rendering) -> None:
     results = [{"role": "tool", "tool_call_id": "c1", "content": "x"}] * 140_000
     body = {"messages": [*_call_history("{}")[:2], *results], "max_tokens": 1}
-    assert_error(post(server.url, CHAT, body, timeout=HANG_GUARD_S), 400, param="messages",
-                 mentions=("140002 messages",))  # counted before validation
+    # more JSON objects than any request may hold: refused on the raw bytes, before it is parsed
+    assert_error(post(server.url, CHAT, body, timeout=HANG_GUARD_S), 400, param=None,
+                 mentions=("140005 JSON objects", "16384"))
     over = [{"role": "user", "content": "hi"}] * (engine.max_model_len + 1)
     assert_error(post(server.url, "/tokenize", {"messages": over}), 400, param="messages")
     items = [{"type": "function_call_output", "call_id": "c1", "output": "x"}] * (engine.max_model_len + 1)
@@ -121,7 +122,9 @@ assert len(parts) == 140_000
 
 def test_prompts_are_counted_before_any_is_tokenized(server, no_tokenizing) -> None:
     assert_error(post(server.url, COMPLETIONS, {"prompt": ["a"] * 1_500_000, "max_tokens": 1}, timeout=HANG_GUARD_S),
-                 400, param="prompt", mentions=("1500000 prompts",))  # counted before validation
+                 400, param=None, mentions=("JSON values", "600000"))  # counted on the raw bytes
+    assert_error(post(server.url, COMPLETIONS, {"prompt": ["a"] * 70_000, "max_tokens": 1}, timeout=HANG_GUARD_S),
+                 400, param="prompt", mentions=("70000 prompts",))  # counted before validation
     assert_error(post(server.url, COMPLETIONS, {"prompt": ["a"] * 17, "n": 16, "max_tokens": 1}), 400,
                  param="prompt", mentions=("272 sequences",))
     assert_error(post(server.url, COMPLETIONS, {"prompt": [[1]] * 300, "max_tokens": 1}), 400, param="prompt")
@@ -141,12 +144,14 @@ def _schema_of_chars(num_chars: int) -> dict:
 
 
 def test_20000_tools_are_refused_by_count_before_any_grammar_compiles(server, no_compiling, monkeypatch) -> None:
-    many = [_tool(f"f{i}") for i in range(20_000)]
+    many = [_tool(f"f{i}") for i in range(20_000)]  # 40,000 objects: refused on the raw bytes
     assert_error(post(server.url, CHAT, chat_body("hi", tools=many, tool_choice="required", max_tokens=1),
-                      timeout=HANG_GUARD_S), 400, param="tools", mentions=("20000 tools", str(MAX_TOOLS)))
-    flat = [{"type": "function", "name": f"f{i}"} for i in range(20_000)]
+                      timeout=HANG_GUARD_S), 400, param=None, mentions=("JSON objects",))
+    assert_error(post(server.url, CHAT, chat_body("hi", tools=many[:5_000], tool_choice="required", max_tokens=1),
+                      timeout=HANG_GUARD_S), 400, param="tools", mentions=("5000 tools", str(MAX_TOOLS)))
+    flat = [{"type": "function", "name": f"f{i}"} for i in range(10_000)]
     assert_error(post(server.url, RESPONSES, {"input": "hi", "tools": flat, "tool_choice": "required"},
-                      timeout=HANG_GUARD_S), 400, param="tools", mentions=("20000 tools",))
+                      timeout=HANG_GUARD_S), 400, param="tools", mentions=("10000 tools",))
     assert_error(post(server.url, CHAT, chat_body("hi", tools=[_tool(f"f{i}") for i in range(MAX_TOOLS + 1)],
                                                   tool_choice="required", max_tokens=1)), 400, param="tools")
     monkeypatch.undo()  # at the caps, the tools compile and run

@@ -48,7 +48,7 @@ def test_paths_outside_the_root_devices_and_fifos_are_refused_unread(engine, roo
     (linked / "model.safetensors").symlink_to(root.parent / "outside.gguf")
     opened = []
     monkeypatch.setattr(engine, "prepare_weights", lambda path: opened.append(path))
-    with live_server(engine, allow_weight_updates=True, api_key=KEY, weights_root=root) as live:
+    with live_server(engine, allow_weight_updates=True, admin_api_key=KEY, weights_root=root) as live:
         for path in ("/etc/passwd", "../outside.gguf", str(root / ".." / "outside.gguf"), "/dev/zero",
                      "to-outside.gguf", "to-zero.gguf", "fifo.gguf", "ckpt", "missing.gguf", str(root), "a\0b"):
             error = assert_error(_load(live.url, path), 400, param="path", mentions=(NOT_LOADABLE,))
@@ -66,7 +66,7 @@ def test_a_file_that_cannot_be_opened_reads_as_one_that_is_missing(engine, root,
         return real_open(path, *args, **kwargs)
 
     monkeypatch.setattr(source.os, "open", open_denied)
-    with live_server(engine, allow_weight_updates=True, api_key=KEY, weights_root=root) as live:
+    with live_server(engine, allow_weight_updates=True, admin_api_key=KEY, weights_root=root) as live:
         denied = assert_error(_load(live.url, "locked.gguf"), 400, param="path")
         missing = assert_error(_load(live.url, "nothing.gguf"), 400, param="path")
     assert denied["message"].replace("locked", "X") == missing["message"].replace("nothing", "X")
@@ -79,7 +79,7 @@ def test_a_file_that_is_not_a_model_is_never_hashed_nor_quoted(engine, root, mon
     monkeypatch.setattr(gguf_source, "file_sha256", lambda path: hashed.append(path))
     monkeypatch.setattr(hf_checkpoint, "file_sha256", lambda path: hashed.append(path))
     monkeypatch.setattr(source, "_fd_sha256", lambda fd: hashed.append(fd))
-    with live_server(engine, allow_weight_updates=True, api_key=KEY, weights_root=root) as live:
+    with live_server(engine, allow_weight_updates=True, admin_api_key=KEY, weights_root=root) as live:
         error = assert_error(_load(live.url, "notes.gguf"), 400, param="path", mentions=("notes.gguf",))
     assert "TOPS" not in error["message"] and "b'" not in error["message"]
     assert hashed == []
@@ -136,7 +136,7 @@ def test_a_backend_that_cannot_load_weights_is_a_501_before_the_body_is_read(eng
     why, before the body is parsed or a path resolved, and nothing is loaded."""
     opened = []
     monkeypatch.setattr(engine, "prepare_weights", lambda path: opened.append(path))
-    with live_server(engine, allow_weight_updates=True, api_key=KEY, weights_root=root) as live:
+    with live_server(engine, allow_weight_updates=True, admin_api_key=KEY, weights_root=root) as live:
         served = live.state.backend
         live.state.backend = NoWeightUpdates(served)
         try:

@@ -121,6 +121,25 @@ def test_a_reply_sent_back_as_other_text_is_a_400_naming_the_index(server) -> No
     assert_error(short, 400, param="continue_from", mentions=(f"index {len(previous['prompt_token_ids'])}",))
 
 
+def test_a_reply_with_no_tokens_continues(server) -> None:
+    """A real reply can have no tokens: a stop string that cut it at its first token. Its turn
+    continues from it (token_ids []), and gives what the same request without continue_from gives."""
+    ask = {"messages": messages("Say hi."), "temperature": 0, "max_tokens": 4, "return_token_ids": True}
+    first_text = post(server.url, CHAT, ask).json()["choices"][0]["message"]["content"]
+    first = post(server.url, CHAT, {**ask, "stop": [first_text[:2]]}).json()
+    (choice,) = first["choices"]
+    assert (choice["message"]["content"], choice["token_ids"], choice["finish_reason"]) == ("", [], "stop")
+    turn = [*messages("Say hi."), {"role": "assistant", "content": ""}, *messages("And again.")]
+    fresh = _greedy(messages=turn, return_token_ids=True)
+    continued = post(server.url, CHAT, {**fresh, "continue_from": {"prompt_token_ids": first["prompt_token_ids"],
+                                                                   "token_ids": []}})
+    assert continued.status_code == 200, continued.text
+    without = post(server.url, CHAT, fresh).json()
+    assert continued.json()["prompt_token_ids"][:len(first["prompt_token_ids"])] == first["prompt_token_ids"]
+    assert continued.json()["choices"][0]["token_ids"] == without["choices"][0]["token_ids"]
+    assert continued.json()["choices"][0]["logprobs"] == without["choices"][0]["logprobs"]
+
+
 @pytest.mark.parametrize(("body", "param", "mentions"), [
     ({"messages": [], "prompt_token_ids": [1, 49152]}, "prompt_token_ids", ("'prompt_token_ids[1]' is 49152",)),
     ({"messages": [], "prompt_token_ids": [-1]}, "prompt_token_ids", ("-1",)),
@@ -128,8 +147,8 @@ def test_a_reply_sent_back_as_other_text_is_a_400_naming_the_index(server) -> No
     ({"messages": messages("hi"), "prompt_token_ids": [1, 2]}, "messages", ("must be []",)),
     ({"messages": []}, "messages", ("prompt_token_ids",)),
     ({"messages": [], "prompt_token_ids": [1] * 9000}, "prompt_token_ids", ("9000 tokens",)),
-    ({"messages": messages("hi"), "continue_from": {"prompt_token_ids": [1], "token_ids": []}}, "continue_from",
-     ("'continue_from.token_ids' must not be empty",)),
+    ({"messages": messages("hi"), "continue_from": {"prompt_token_ids": [], "token_ids": [1]}}, "continue_from",
+     ("'continue_from.prompt_token_ids' must not be empty",)),
     ({"messages": messages("hi"), "continue_from": {"prompt_token_ids": [1], "token_ids": [77777]}}, "continue_from",
      ("'continue_from.token_ids[0]' is 77777",)),
 ])

@@ -26,6 +26,15 @@ def test_required_reads_the_array_and_keeps_the_calls_a_cut_completed() -> None:
     assert message == {"role": "assistant", "content": '[{"name": "a", "argu'} and finish == "length"
 
 
+def test_required_arguments_nested_past_pythons_stack_stay_text() -> None:
+    deep = "[" * 1_200 + "]" * 1_200  # what '[' biased under an arguments schema of {} wrote (issue 58)
+    text = f'[{{"name": "a", "arguments": {{"x": 1}}}}, {{"name": "b", "arguments": {{"y": {deep}}}}}]'
+    message, finish = whole(_plan("required"), text, "stop")
+    assert _calls(message) == [("a", {"x": 1})] and finish == "tool_calls"
+    message, finish = whole(_plan("required"), f'[{{"name": "b", "arguments": {{"y": {deep}}}}}]', "stop")
+    assert message["content"].startswith('[{"name": "b"') and "tool_calls" not in message and finish == "stop"
+
+
 def test_named_is_the_arguments_whole_and_streamed_as_they_come() -> None:
     message, finish = whole(_plan("named", named="f"), '{"q": "x"}', "stop")
     assert _calls(message) == [("f", {"q": "x"})] and finish == "tool_calls"

@@ -41,7 +41,7 @@ def weights(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def live(engine, weights):
-    with live_server(engine, allow_weight_updates=True, api_key=KEY, weights_root=weights) as live:
+    with live_server(engine, allow_weight_updates=True, admin_api_key=KEY, weights_root=weights) as live:
         yield live
     # The shared engine (idle now: its server stopped) goes back to the default model's file,
     # whatever happened, so the tests after these see the weights and path they expect.

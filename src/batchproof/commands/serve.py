@@ -44,20 +44,6 @@ def configs(args: argparse.Namespace, command: str) -> tuple[ServerConfig, Engin
     return server_config, engine_config
 
 
-# Against slow clients: an idle keep-alive connection is closed after this long, and h11 (not
-# httptools, which sets no bound) refuses a request head larger than this before it is whole.
-KEEP_ALIVE_S = 5
-MAX_REQUEST_HEAD_BYTES = 64 * 1024
-
-
-def uvicorn_config(app, server_config: ServerConfig):
-    import uvicorn
-
-    return uvicorn.Config(app, host=server_config.host, port=server_config.port, log_level="warning",
-                          access_log=False, http="h11", h11_max_incomplete_event_size=MAX_REQUEST_HEAD_BYTES,
-                          limit_concurrency=server_config.max_connections, timeout_keep_alive=KEEP_ALIVE_S)
-
-
 def run_app(app, server_config: ServerConfig, command: str) -> int:
     """Serve `app` until interrupted; a model that cannot load ends it, as llama-server and vLLM
     end: the reason on stderr and a non-zero exit, not a server that answers 503 to a user who
@@ -65,7 +51,10 @@ def run_app(app, server_config: ServerConfig, command: str) -> int:
     restarts the process."""
     import uvicorn
 
-    server = uvicorn.Server(uvicorn_config(app, server_config))
+    from batchproof.server.connections import raise_open_files_limit, uvicorn_config
+
+    raise_open_files_limit()
+    server = uvicorn.Server(uvicorn_config(app, server_config.host, server_config.port))
     state = app.state.server
     state.on_load_error = lambda: setattr(server, "should_exit", True)
     engine_stopped = threading.Event()

@@ -1,6 +1,7 @@
 """`batchproof verify-rollouts FILE --out DIR`: another engine's rollouts (JSONL, one a line)
 re-scored by ours, batched, and the gap written as DIR/report.json and DIR/report.html
-(docs/notary.md). A bad line is named on stderr and in the report, and the rest go on."""
+(docs/notary.md). A bad line is named on stderr and in the report, and the rest go on; a file with
+nothing left to score exits 1."""
 
 import argparse
 import contextlib
@@ -61,7 +62,8 @@ def verify(engine, rollouts: list, bad: list[dict], settings, progress: bool = T
             scores.append(Scored(result.logprobs, result.top))
     info = engine.info()
     engine_info = {"model": Path(info["model_path"]).name, "model_sha256": info["model_sha256"],
-                   "numerics_id": numerics_id(info), "dtype": info["dtype"], "device": info["device"]}
+                   "numerics_id": numerics_id(info), "dtype": info["dtype"], "device": info["device"],
+                   "weight_version": engine.weight_version}
     return report(kept, scores, settings, bad, engine_info)
 
 
@@ -91,8 +93,8 @@ def _progress(total: int, num_tokens: int, shown: bool) -> Iterator[Callable[[in
 def run(args: argparse.Namespace, engine=None) -> int:
     """`engine`: one already loaded (tests), else loaded from --model and --device."""
     from batchproof.common.wire import dumps
-    from batchproof.notary.metrics import Settings
     from batchproof.notary.page import render
+    from batchproof.notary.settings import Settings
 
     try:
         settings = Settings(args.near_tie, tuple(args.tis_cap or (2.0, 3.0)), tuple(args.mask_band))
@@ -118,7 +120,8 @@ def run(args: argparse.Namespace, engine=None) -> int:
                                                         f"mean {summary['mean_abs_diff']:.3g}")
     print(f"{summary['num_rollouts']} rollouts, {summary['num_tokens']} tokens: {verdict}; "
           f"{summary['num_bad_records']} bad; report in {args.out}")
-    return 0
+    # Nothing verified (every line bad, or none): an error, as the same records are a 400 over HTTP.
+    return 0 if summary["num_rollouts"] else 1
 
 
 def _load(args: argparse.Namespace):

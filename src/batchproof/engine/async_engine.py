@@ -196,9 +196,7 @@ class AsyncEngine:
                 if not self._can_step():  # (a keep-mode pause just arrived)
                     continue
                 self._deliver(self._step())
-                summary = self.engine.take_batch_summary()
-                if summary is not None:
-                    self.on_batch(summary)
+                self._report_batch()
         except BaseException as e:  # a bug: fail every waiting request rather than hang them
             self.failure = e
             # The exception's text can name files: it goes to the log (traceback below), not to clients.
@@ -258,8 +256,11 @@ class AsyncEngine:
                 self._held.append(command)  # runs on the new weights, or after /resume
             elif isinstance(command, Add):
                 arrived = self._admit(command) or arrived
-            elif command.request_id in self._sinks:
+            elif command.request_id in self._sinks:  # its reader left (or timed out)
                 self.engine.abort(command.request_id)
+                # Its slot back now, not at the next step: none runs while paused in keep mode.
+                self._deliver(self.engine.reap())
+                self._report_batch()
             else:  # its reader left while it was held for a swap or a pause
                 self._drop_held({command.request_id})
 
@@ -297,7 +298,15 @@ class AsyncEngine:
         for out in reaped:  # a reply that ends with finish_reason "abort", not a timeout's 504
             out.error_code = ABORTED_BY_REQUEST
         self._deliver(reaped)
+        self._report_batch()
         return len(running) + len(held)
+
+    def _report_batch(self) -> None:
+        """The busy period that just ended, if the engine went idle (a step, or aborts reaped
+        between steps), to on_batch (the batch log)."""
+        summary = self.engine.take_batch_summary()
+        if summary is not None:
+            self.on_batch(summary)
 
     def _drop_held(self, request_ids: set[str], aborted: bool = False) -> None:
         """Held requests that will never run: their reader left, or (aborted) they end with "abort"."""

@@ -162,8 +162,8 @@ class Engine:
         its identity names the new weights). -> how many sequences compute their prefix again."""
         if self.has_work() and not keep:
             raise RuntimeError("weights are replaced only while no sequence runs or waits")
-        # The old model lives until this returns, so the fused kernel's description, keyed by
-        # the model's id, cannot be mistaken for the new one's.
+        # The fused kernel's description is keyed by the weights' identity (never an address a
+        # freed model can pass on): the next decode step describes the new ones.
         self.model = self.runner.model = prepared.model
         self.model_path, self.model_sha256 = prepared.path, prepared.sha256
         self.weight_version = version or default_version(prepared.sha256)

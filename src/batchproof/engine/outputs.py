@@ -234,6 +234,9 @@ class OutputProcessor:
         outputs = []
         for seq in retired:
             if seq.is_aborted and seq.finish_reason is None:
+                # An abort ends the reply as max_tokens would there: the text a stop string (or an
+                # unfinished character) held back goes out, with its tokens' ids and records, so the
+                # reply's entries number its tokens and it is the reply so far, not a shorter one.
                 seq.finish_reason = "abort"
-                outputs.append(self._output(seq, TextDelta()))
+                outputs.append(self._finish(seq, TextDelta()))
         return outputs

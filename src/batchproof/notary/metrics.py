@@ -10,9 +10,12 @@ list order, so a report is the same bits on any machine."""
 
 import math
 import statistics
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from batchproof.notary.records import Rollout
+from batchproof.notary.settings import Settings
 
 MAX_EXP = 709.0  # exp() of more overflows a float: ratios past e^709 are reported as e^709
 
@@ -25,37 +28,36 @@ class Scored:
     top: list[tuple[tuple[int, float], ...]]  # per position, (id, logprob) best first
 
 
-@dataclass(frozen=True)
-class Settings:
-    # Top-2 logprobs within this many nats: a tie any engine's rounding can flip (a greedy
-    # token that differs there is explained by the tie, not by a bug).
-    near_tie: float = 0.05
-    # Truncated importance sampling caps (TIS: a ratio above C is cut to C). 2 is verl's
-    # rollout_is_threshold default, 3 TRL's vllm_importance_sampling_cap.
-    tis_caps: tuple[float, ...] = (2.0, 3.0)
-    # Masked importance sampling (MIS) / rejection: tokens with a ratio outside [low, high] are dropped.
-    mask_band: tuple[float, float] = (0.5, 2.0)
-
-    def __post_init__(self) -> None:
-        if not self.near_tie >= 0:
-            raise ValueError(f"near_tie must be >= 0, got {self.near_tie}")
-        if not all(c > 0 for c in self.tis_caps):
-            raise ValueError(f"TIS caps must be > 0, got {self.tis_caps}")
-        low, high = self.mask_band
-        if not 0 < low <= 1 <= high:
-            raise ValueError(f"the mask band must hold 1 (0 < low <= 1 <= high), got {self.mask_band}")
-
-
 def _exp(x: float) -> float:
     return math.exp(min(x, MAX_EXP))
 
 
 def _k3(log_ratio: float) -> float:
-    return _exp(log_ratio) - log_ratio - 1.0
+    # capped with the ratio: past e^709 the log would outgrow the capped ratio and turn k3 negative
+    return _exp(log_ratio) - min(log_ratio, MAX_EXP) - 1.0
 
 
 def _mean(values: list[float]) -> float:
-    return math.fsum(values) / len(values) if values else 0.0
+    if not values:
+        return 0.0
+    try:
+        return math.fsum(values) / len(values)
+    except OverflowError:  # a sum past the float range (three ratios at e^709: vLLM's -9999 claims)
+        pass
+    # The mean is within it: each share divided first, and halved (exactly) so that shares
+    # rounded up cannot pass the range again; a mean at the very top is the largest float.
+    half = math.fsum(v / 2 / len(values) for v in values)
+    mean = 2 * half
+    return mean if math.isfinite(mean) else math.copysign(sys.float_info.max, half)
+
+
+def _sum(values: list[float]) -> float:
+    """fsum, a sum past the float range reported as the largest float of its sign (as a ratio
+    past e^709 is reported as e^709): JSON holds no infinity."""
+    try:
+        return math.fsum(values)
+    except OverflowError:
+        return math.copysign(sys.float_info.max, _mean(values))
 
 
 @dataclass
@@ -94,14 +96,14 @@ def rollout_gap(rollout: Rollout, scored: Scored, settings: Settings) -> Rollout
     log_ratios = [o - c for c, o in zip(claimed, ours)]
     probs_diffs = [abs(_exp(c) - _exp(o)) for c, o in zip(claimed, ours)]
     first = next((i for i, d in enumerate(diffs) if d != 0.0), None)
-    log_ratio_sum = math.fsum(log_ratios)
+    log_ratio_sum = _sum(log_ratios)
     gap = RolloutGap(
         where=rollout.where, rollout_id=rollout.rollout_id, num_tokens=len(claimed),
         num_exact=sum(d == 0.0 for d in diffs), first_divergent_position=first,
         mean_abs_diff=_mean(abs_diffs), max_abs_diff=max(abs_diffs, default=0.0),
         probs_diff_mean=_mean(probs_diffs), probs_diff_max=max(probs_diffs, default=0.0),
         mismatch_kl=_mean([_k3(x) for x in log_ratios]), log_ratio_sum=log_ratio_sum,
-        geo_mean_ratio=_exp(log_ratio_sum / len(log_ratios)) if log_ratios else 1.0,
+        geo_mean_ratio=_exp(_mean(log_ratios)) if log_ratios else 1.0,
         abs_diffs=abs_diffs, log_ratios=log_ratios, probs_diffs=probs_diffs)
     _ties_and_disagreements(gap, rollout, scored, settings)
     return gap
@@ -276,11 +278,15 @@ def summary(gaps: list[RolloutGap], settings: Settings) -> dict:
 
 
 def report(rollouts: list[Rollout], scores: list[Scored], settings: Settings, bad_lines: list[dict],
-           engine_info: dict) -> dict:
-    """report.json: everything the page shows, and each rollout's own comparison."""
+           engine_info: dict, aborted: Sequence[Rollout] = ()) -> dict:
+    """report.json: everything the page shows, and each rollout's own comparison. `aborted`: the
+    rollouts an abort ended before they were scored (over HTTP: /abort_requests, /pause), listed
+    apart, as a chat reply cut by one ends with finish_reason "abort"; the metrics are the rest's."""
     gaps = [rollout_gap(r, s, settings) for r, s in zip(rollouts, scores, strict=True)]
     return {
-        "summary": {**summary(gaps, settings), "num_bad_records": len(bad_lines)},
+        "finish_reason": "abort" if aborted else "stop",
+        "summary": {**summary(gaps, settings), "num_bad_records": len(bad_lines), "num_aborted_rollouts": len(aborted)},
+        "aborted": [{"where": r.where, "rollout_id": r.rollout_id, "finish_reason": "abort"} for r in aborted],
         "frameworks": framework_metrics(gaps),
         "definitions": FRAMEWORK_DEFINITIONS,
         "importance_ratio": ratio_distribution(gaps),

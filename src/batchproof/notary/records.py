@@ -5,9 +5,11 @@ field and value that make it so, and the rest go on."""
 
 import json
 import math
+import re
 from dataclasses import dataclass
 
 FIELDS = ("prompt_token_ids", "completion_token_ids", "logprobs", "top_logprobs", "id")
+TOKEN_KEY = re.compile(r"[0-9]{1,12}")  # a top_logprobs key: a token id in decimal
 
 
 @dataclass(frozen=True)
@@ -55,9 +57,23 @@ def _ids(obj: dict, field: str, where: str, vocab_size: int) -> list[int]:
 
 
 def _logprob(value: object, name: str, where: str, field: str) -> float:
-    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value) or value > 0:
-        raise RecordError(where, field, f"'{name}' is {_shown(value)}: a logprob is a finite number <= 0")
-    return float(value)
+    number = as_float(value)
+    if number is None or number > 0:
+        raise RecordError(where, field, f"'{name}' is {_shown(value)}: a logprob is a finite number <= 0 that a "
+                                        "float holds")
+    return number
+
+
+def as_float(value: object) -> float | None:
+    """A JSON number as the float it names; None when it names none: not a number, or past the
+    float range (JSON's 1e400 decodes as infinity, 10**400 as an int no float holds)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def parse_record(obj: object, where: str, vocab_size: int) -> Rollout:
@@ -104,7 +120,8 @@ def _top(value: object, num_tokens: int, where: str, vocab_size: int) -> list[di
                                                      f"got {_shown(entry)}")
         row = {}
         for key, logprob in entry.items():
-            if not key.lstrip("-").isdigit() or not 0 <= int(key) < vocab_size:
+            # ASCII digits only: "²" passes str.isdigit() and int() refuses it; "١" int() reads as 1.
+            if not isinstance(key, str) or not TOKEN_KEY.fullmatch(key) or not int(key) < vocab_size:
                 raise RecordError(where, "top_logprobs", f"'top_logprobs[{i}]' key {_shown(key)} is not a token id "
                                                          f"in 0..{vocab_size - 1}")
             row[int(key)] = _logprob(logprob, f"top_logprobs[{i}][{key}]", where, "top_logprobs")

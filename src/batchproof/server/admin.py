@@ -10,10 +10,11 @@ from starlette.concurrency import run_in_threadpool
 
 from batchproof.engine.model.errors import ModelLoadError
 from batchproof.server import control
-from batchproof.server.auth import tenant
+from batchproof.server.auth import require_admin, tenant
 from batchproof.server.chat.messages import render_chat
 from batchproof.server.errors import APIError
 from batchproof.server.info import numerics_id, server_info, tokenizer_facts
+from batchproof.server.json_body import json_reply
 from batchproof.server.plan import check_model
 from batchproof.server.protocol import DetokenizeRequest, TokenizeRequest
 from batchproof.server.state import ServerState, parse_body
@@ -87,8 +88,10 @@ async def metrics(request: Request) -> Response:
 
 
 @router.post("/tokenize")
-async def tokenize(request: Request) -> dict:
-    return await run_in_threadpool(_tokenize, _state(request), await request.body())
+async def tokenize(request: Request) -> Response:
+    # A megabyte's ids and token strings are a reply of megabytes: built and encoded off the loop.
+    state, body = _state(request), await request.body()
+    return await json_reply(lambda: _tokenize(state, body))
 
 
 def _tokenize(state: ServerState, body: bytes) -> dict:
@@ -170,13 +173,14 @@ class LoadWeightsRequest(BaseModel):
 @router.post("/v1/load_weights")
 async def load_weights(request: Request) -> dict:
     """Replace the weights in place (docs/hf-checkpoints.md): off unless --allow-weight-updates,
-    which needs an API key; only under --weights-root. Requests admitted before the swap finish
-    on the old weights; a checkpoint that cannot replace them is a 400 and the old weights keep
-    serving."""
+    which needs an admin key, and only that key may; only under --weights-root. Requests admitted
+    before the swap finish on the old weights; a checkpoint that cannot replace them is a 400 and
+    the old weights keep serving."""
     state = _state(request)
     if not state.config.allow_weight_updates:
         raise APIError(403, "weight updates are off: start the server with --allow-weight-updates",
                        type_="permission_error")
+    require_admin(request)
     _ = state.client  # a 503 while the model loads or after it failed
     backend = state.backend
     if not backend.supports_weight_updates:

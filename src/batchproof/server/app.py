@@ -27,6 +27,7 @@ from batchproof.server.body_limit import BodyLimit
 from batchproof.server.chat import route as chat_route
 from batchproof.server.completions import route as completions_route
 from batchproof.server.config import ServerConfig
+from batchproof.server.connections import ConcurrencyLimit
 from batchproof.server.content_type import RequireJSON
 from batchproof.server.engine_client import Backend
 from batchproof.server.errors import APIError
@@ -153,6 +154,7 @@ def create_app(server_config: ServerConfig, engine_config: EngineConfig, engine:
     app.add_middleware(CatchAll)
     app.add_middleware(RequireJSON)
     app.add_middleware(BodyLimit, limit_bytes=server_config.max_request_bytes)
+    app.add_middleware(ConcurrencyLimit, limit=server_config.max_concurrent_requests)
     # Outside the body limit: a stranger's body is not even counted. With a key a rebound name
     # gains nothing (the page cannot know the key), so the Host is checked only without one.
     if api_keys:

@@ -24,6 +24,14 @@ class ServerConfig:
         default=None, metadata={"help": "accept the keys in this file, one per line (each its own prefix-cache "
                                         "namespace under --prefix-cache-scope key)"}
     )
+    admin_api_key: str | None = field(
+        default=None, metadata={"help": "the one key that may pause, resume, abort anyone's requests and load "
+                                        "weights (tenant keys may abort only their own); it also serves as a "
+                                        "tenant of its own (or set $BATCHPROOF_ADMIN_API_KEY, which stays out of ps)"}
+    )
+    admin_api_key_file: Path | None = field(
+        default=None, metadata={"help": "read the admin key from this file (one key)"}
+    )
     prefix_cache_scope: Literal["shared", "key", "salt"] | None = field(
         default=None, metadata={"help": "who may reuse whose cached prefixes: shared (everyone; a request's "
                                         "cache_salt still separates), key (each API key apart), salt (only requests "
@@ -52,7 +60,7 @@ class ServerConfig:
         default=False,
         metadata={"help": "serve POST /v1/load_weights: a checkpoint directory on this machine, of the served "
                           "model's architecture and shapes, replaces the weights in place (docs/hf-checkpoints.md); "
-                          "needs an API key"},
+                          "with /pause, /resume and /abort_requests: needs --admin-api-key"},
     )
     weights_root: Path | None = field(
         default=None,
@@ -64,9 +72,10 @@ class ServerConfig:
         metadata={"help": "without an API key, the Host names accepted besides localhost, 127.0.0.1, [::1] and "
                           "--host (comma-separated; '*' accepts any): a guard against DNS rebinding"},
     )
-    max_connections: int = field(
-        default=512, metadata={"help": "open connections (or requests in flight) past which a new request gets "
-                                       "503 at once (bounds what slow clients can hold)"}
+    max_concurrent_requests: int = field(
+        default=512, metadata={"help": "requests in flight (streams included; /health and /metrics aside) past "
+                                       "which a new request gets 503 at once; idle connections are not counted "
+                                       "(they close after 5 s without a request head)"}
     )
     logprobs_mode: Literal["raw", "processed"] = field(
         default="raw",
@@ -91,7 +100,8 @@ class ServerConfig:
                 f"logprobs_mode must be raw or processed, got {self.logprobs_mode!r}")
         require(self.weights_root is None or self.weights_root.is_dir(),
                 f"weights_root {self.weights_root} is not a directory")
-        require(self.max_connections >= 1, f"max_connections must be >= 1, got {self.max_connections}")
+        require(self.max_concurrent_requests >= 1,
+                f"max_concurrent_requests must be >= 1, got {self.max_concurrent_requests}")
         require(self.allowed_hosts is None or self.allowed_hosts.strip() != "", "allowed_hosts must not be blank")
         require(self.request_timeout_s > 0, f"request_timeout_s must be > 0, got {self.request_timeout_s}")
         require(

@@ -1,5 +1,6 @@
 """The trainer's control plane, by vLLM's names (docs/weight-versions.md): GET /weight_info and
-/is_paused; POST /pause?mode=abort|wait|keep, /resume and /abort_requests."""
+/is_paused; POST /pause?mode=abort|wait|keep, /resume and /abort_requests. Changes are the admin
+key's, but for a tenant's abort of its own requests."""
 
 from typing import get_args
 
@@ -7,6 +8,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, StrictStr
 
 from batchproof.engine.async_engine import PauseMode
+from batchproof.server.auth import is_admin, require_admin, tenant
 from batchproof.server.errors import APIError, shown
 from batchproof.server.info import numerics_id
 from batchproof.server.state import ServerState, parse_body
@@ -15,14 +17,17 @@ router = APIRouter()
 MODES = get_args(PauseMode)
 
 
-def _backend(request: Request, changes: bool):
+def _backend(request: Request, changes: bool, is_admin_only: bool = False):
     """The local engine (a 503 while it loads); a fleet's router answers 501, as for
     load_weights: each replica holds its own weights and queue. Changing anything needs
-    --allow-weight-updates (and so an API key), as load_weights does."""
+    --allow-weight-updates (and so an admin key), as load_weights does; what touches every
+    tenant's requests needs the admin key itself."""
     state: ServerState = request.app.state.server
     if changes and not state.config.allow_weight_updates:
         raise APIError(403, f"{request.url.path} is off: start the server with --allow-weight-updates",
                        type_="permission_error")
+    if is_admin_only:
+        require_admin(request)
     _ = state.client  # a 503 while the model loads or after it failed
     backend = state.backend
     if not backend.supports_weight_updates:
@@ -53,13 +58,13 @@ async def pause(request: Request, mode: str = "abort") -> dict:
     mode, once the last request in flight has finished."""
     if mode not in MODES:
         raise APIError(400, f"invalid value {shown(mode)} for 'mode': one of {', '.join(MODES)}", param="mode")
-    num_aborted = await _backend(request, changes=True).pause(mode)
+    num_aborted = await _backend(request, changes=True, is_admin_only=True).pause(mode)
     return {"status": "paused", "mode": mode, "num_aborted": num_aborted}
 
 
 @router.post("/resume")
 async def resume(request: Request) -> dict:
-    num_admitted = await _backend(request, changes=True).resume()
+    num_admitted = await _backend(request, changes=True, is_admin_only=True).resume()
     return {"status": "resumed", "num_admitted": num_admitted}
 
 
@@ -71,8 +76,29 @@ class AbortRequestsRequest(BaseModel):
 
 @router.post("/abort_requests")
 async def abort_requests(request: Request) -> dict:
-    """End requests in flight (or waiting) with finish_reason "abort", without pausing."""
+    """End requests in flight (or waiting) with finish_reason "abort", without pausing: anyone's
+    with the admin key; with a tenant's, only requests that key sent (without ids: all of them;
+    an id of another's: a 403, and nothing is aborted; an id of no request in flight: not counted,
+    as for the admin)."""
     backend = _backend(request, changes=True)
     body = await request.body()
     req = parse_body(AbortRequestsRequest, body) if body.strip() else AbortRequestsRequest()
-    return {"num_aborted": await backend.abort_requests(req.request_ids)}
+    request_ids = req.request_ids
+    if not is_admin(request):
+        request_ids = _own(request, request_ids)
+    return {"num_aborted": await backend.abort_requests(request_ids)}
+
+
+def _own(request: Request, request_ids: list[str] | None) -> list[str]:
+    """The ids of `request_ids` (None: every request) that the tenant sending `request` sent."""
+    owners = request.app.state.server.owners
+    if request_ids is None:
+        return owners.owned_by(tenant(request))
+    mine, theirs = owners.split(tenant(request), request_ids)
+    # A 403, not a silent 0: the caller holds the id already (they are uuid4s), so naming whose it
+    # is tells nothing new, and a 0 would hide the mistake.
+    if theirs:
+        raise APIError(403, f"{request.url.path}: {shown(theirs[0])} is another API key's request; only the "
+                            "admin API key (--admin-api-key) aborts others' requests", type_="permission_error",
+                       param="request_ids")
+    return mine

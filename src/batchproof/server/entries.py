@@ -101,19 +101,26 @@ def _log_add(a: float, b: float) -> float:
     return high + math.log1p(math.exp(low - high))
 
 
-def prompt_token_id_logprobs(records: list[TokenRecord | None], start: int, num_rows: int) -> list[list[float]]:
+def prompt_token_id_logprobs(records: list[TokenRecord | None] | None, start: int,
+                             num_rows: int) -> list[list[float]] | None:
     """vLLM's `prompt_token_id_logprobs`: row i the logprobs of the ids named for the logits at
     prompt position start + i (which predict token start + i + 1), in the named order; -inf
-    (a -1 pad) as ABSENT_LOGPROB."""
+    (a -1 pad) as ABSENT_LOGPROB. None (null) for a prompt never scored: aborted before its
+    prefill completed, its reply ends with finish_reason "abort" and no rows."""
+    if records is None:
+        return None
     rows = [records[start + 1 + i].named for i in range(num_rows)]
     return [[wire_logprob(v) for v in row] for row in rows]
 
 
-def prompt_logprobs(tokenizer: Tokenizer, prompt_ids: list[int], records: list[TokenRecord | None],
-                    top_n: int) -> list[dict | None]:
+def prompt_logprobs(tokenizer: Tokenizer, prompt_ids: list[int], records: list[TokenRecord | None] | None,
+                    top_n: int) -> list[dict | None] | None:
     """vLLM's `prompt_logprobs`: per prompt token, null for the first, else {id: {logprob, rank,
     decoded_token}} for the token itself, then its top_n alternatives. rank is the 1-based place in
-    our order (ties to the lower id), null when the token is outside the alternatives kept."""
+    our order (ties to the lower id), null when the token is outside the alternatives kept.
+    None (null) for a prompt never scored (aborted before its prefill completed)."""
+    if records is None:
+        return None
     result: list[dict | None] = []
     for token_id, record in zip(prompt_ids, records):
         if record is None:

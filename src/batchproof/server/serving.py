@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 
 from batchproof.common.wire import REPLICA_HEADER
 from batchproof.engine.async_engine import ABORTED_BY_REQUEST, Opened
@@ -16,6 +16,7 @@ from batchproof.engine.sequence import RequestOutput
 from batchproof.server.engine_client import Backend
 from batchproof.server.entries import ids_mismatch
 from batchproof.server.errors import APIError, count_mismatch
+from batchproof.server.json_body import json_reply
 from batchproof.server.merge import merge
 from batchproof.server.metrics import Metrics
 from batchproof.server.plan import Plan
@@ -97,7 +98,7 @@ class Submitted:
         return {REPLICA_HEADER: ",".join(dict.fromkeys(self.replicas))}
 
 
-async def submit(state: ServerState, plan: Plan, id_prefix: str) -> Submitted:
+async def submit(state: ServerState, plan: Plan, id_prefix: str, owner: str | None) -> Submitted:
     """Admit a planned request (or refuse it: 429, 503) -> its id, who runs it and the deltas of
     all its choices. Each choice is opened before the reply starts, so a fleet names its
     replicas in the headers and an unreachable one is a 503, not a broken stream."""
@@ -116,7 +117,8 @@ async def submit(state: ServerState, plan: Plan, id_prefix: str) -> Submitted:
         raise
     streams = {choice.index: deltas(opened[choice.index], state.metrics, len(plan.prompt_ids(choice)), arrival,
                                     state.config.request_timeout_s) for choice in plan.choices}
-    return Submitted(request_id, [one.replica for one in opened.values()], merge(streams))
+    stream = state.owners.hold(request_id, owner, merge(streams))  # a tenant may abort its own
+    return Submitted(request_id, [one.replica for one in opened.values()], stream)
 
 
 async def collect(request: Request, stream: AsyncIterator[Delta]) -> list[Delta] | None:
@@ -152,7 +154,9 @@ async def reply(request: Request, submitted: Submitted, timeout_s: float, is_str
     by_choice = await collect_choices(request, stream, timeout_s)
     if by_choice is None:
         return Response(status_code=CLIENT_GONE)
-    return JSONResponse(formatter.whole([by_choice[i] for i in sorted(by_choice)]), headers=submitted.headers)
+    # Built and encoded off the event loop: a reply at the entries' limit is megabytes.
+    return await json_reply(lambda: formatter.whole([by_choice[i] for i in sorted(by_choice)]),
+                            headers=submitted.headers)
 
 
 async def collect_choices(request: Request, stream: AsyncIterator[Delta],

@@ -14,6 +14,7 @@ from batchproof.server.config import ServerConfig
 from batchproof.server.engine_client import Backend, EngineClient
 from batchproof.server.errors import APIError, from_validation_error
 from batchproof.server.metrics import Metrics
+from batchproof.server.owners import Owners
 from batchproof.server.plan import Limits
 from batchproof.server.precount import precount
 from batchproof.server.responses.store import ResponseStore
@@ -40,6 +41,7 @@ class ServerState:
     on_engine_failure: Callable[[], None] | None = None
     weights_root: Path | None = None  # load_weights reads only under it (resolved when the engine starts)
     responses: ResponseStore = field(default_factory=ResponseStore)  # what previous_response_id continues
+    owners: Owners = field(default_factory=Owners)  # who sent each request in flight (/abort_requests)
 
     @property
     def client(self) -> EngineClient:

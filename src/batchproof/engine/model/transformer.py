@@ -55,6 +55,10 @@ class Transformer:
                  lm_head: Weight, rope_freqs: torch.Tensor | None, max_len: int, ops: Ops) -> None:
         self.spec = spec
         self.ops = ops  # the arithmetic, chosen once at load (ops/__init__.py)
+        # These weights' own name for what is built over them (the fused decode's description):
+        # a new object per load, held by whoever keys on it, so never another model's, where
+        # id(self) is an address CPython gives again once this model is freed.
+        self.identity = object()
         self.layers = layers
         self.embed = embed  # [vocab, dim]
         self.final_norm = final_norm

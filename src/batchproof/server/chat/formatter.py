@@ -121,8 +121,7 @@ class ChatFormatter(ChunkStream):
                  "choices": [self._choice(i, o) for i, o in enumerate(outputs)],
                  "usage": summed_usage([o[-1] for o in outputs], self.num_choices)}
         if self.num_prompt_logprobs is not None:  # vLLM puts them beside the choices: one prompt
-            records = outputs[0][0].prompt_records or [None] * len(self.prompt_ids)
-            reply["prompt_logprobs"] = prompt_logprobs(self.tokenizer, self.prompt_ids, records,
+            reply["prompt_logprobs"] = prompt_logprobs(self.tokenizer, self.prompt_ids, outputs[0][0].prompt_records,
                                                        self.num_prompt_logprobs)
         if self.return_token_ids:
             reply["prompt_token_ids"] = self.prompt_ids

@@ -27,7 +27,7 @@ def _plan(body: bytes, state: ServerState, key_id: str | None
 async def chat_completions(request: Request) -> Response:
     state: ServerState = request.app.state.server
     req, plan, tool_plan = await run_in_threadpool(_plan, await request.body(), state, tenant(request))
-    submitted = await submit(state, plan, "chatcmpl")
+    submitted = await submit(state, plan, "chatcmpl", tenant(request))
     formatter = ChatFormatter(submitted.request_id, state.served_model_name, state.front.tokenizer, len(plan.choices),
                               wants_records=req.logprobs is True, include_usage=plan.include_usage,
                               prompt_ids=plan.prompts[0], num_prompt_logprobs=req.prompt_logprobs,

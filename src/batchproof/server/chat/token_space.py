@@ -12,10 +12,10 @@ from batchproof.server.protocol import ChatCompletionRequest, Continuation
 CONTEXT_TOKENS = 8  # template text shown on each side of a divergence: enough to see which turn marker
 
 
-def check_ids(ids: list[int], tokenizer: Tokenizer, name: str, max_len: int) -> list[int]:
-    """A non-empty list of ids inside the vocabulary, no longer than the context: else a 400
-    naming `name` and the first bad value."""
-    if not ids:
+def check_ids(ids: list[int], tokenizer: Tokenizer, name: str, max_len: int, is_empty_ok: bool = False) -> list[int]:
+    """A list of ids inside the vocabulary (non-empty unless `is_empty_ok`), no longer than the
+    context: else a 400 naming `name` and the first bad value."""
+    if not ids and not is_empty_ok:
         raise APIError(400, f"'{name}' must not be empty, got []", param=name.split(".")[0])
     for i, token_id in enumerate(ids):
         if not 0 <= token_id < tokenizer.vocab_size:
@@ -47,9 +47,10 @@ def _around(tokenizer: Tokenizer, ids: list[int], at: int) -> str:
 
 def check_continues(prompt_ids: list[int], previous: Continuation, tokenizer: Tokenizer, max_len: int) -> None:
     """The new prompt must begin with the previous prompt + reply ids, id for id: else a 400
-    naming the first index that differs and the text on each side there."""
+    naming the first index that differs and the text on each side there. The reply's ids may be
+    none: a real reply can have no tokens (a stop string that cut it at its first token)."""
     before = (check_ids(previous.prompt_token_ids, tokenizer, "continue_from.prompt_token_ids", max_len)
-              + check_ids(previous.token_ids, tokenizer, "continue_from.token_ids", max_len))
+              + check_ids(previous.token_ids, tokenizer, "continue_from.token_ids", max_len, is_empty_ok=True))
     at = next((i for i, (old, new) in enumerate(zip(before, prompt_ids)) if old != new), None)
     if at is None and len(prompt_ids) >= len(before):
         return

@@ -82,7 +82,9 @@ class CompletionsFormatter(ChunkStream):
             return []
         return [{**self.base, "choices": [], "usage": summed_usage(lasts, self.n)}]
 
-    def _choice(self, index: int, outputs: list[RequestOutput], scored: list) -> dict:
+    def _choice(self, index: int, outputs: list[RequestOutput], scored: list | None) -> dict:
+        """One choice whole; `scored`: its prompt's records, None when never scored (not asked
+        for, or aborted before its prefill completed)."""
         last = outputs[-1]
         prompt_ids = self.prompts[index // self.n]
         prefix = self.tokenizer.decode(prompt_ids) if self.shape.echo else ""
@@ -93,8 +95,8 @@ class CompletionsFormatter(ChunkStream):
             if len(records) != last.num_kept_tokens:
                 raise count_mismatch(len(records), last.num_kept_tokens)
             token_ids = [r.token_id for r in records]
-            if self.shape.echo:  # the first prompt token has nothing before it to be scored from
-                records, token_ids = scored + records, prompt_ids + token_ids
+            if self.shape.echo:  # the first prompt token has nothing before it to be scored from (null)
+                records, token_ids = (scored or [None] * len(prompt_ids)) + records, prompt_ids + token_ids
             choice["logprobs"] = {**legacy_logprobs(self.tokenizer, records, token_ids, TextOffsets(self.tokenizer),
                                                     self.shape.num_logprobs, self.shape.as_ids),
                                   **(self.shape.label or {})}
@@ -115,6 +117,5 @@ class CompletionsFormatter(ChunkStream):
         for index, choice_outputs in enumerate(outputs):
             # A prompt is scored by its first choice; its siblings show the same records.
             first = outputs[index - index % self.n][0]
-            scored = first.prompt_records or [None] * len(self.prompts[index // self.n])
-            choices.append(self._choice(index, choice_outputs, scored))
+            choices.append(self._choice(index, choice_outputs, first.prompt_records))
         return {**self.base, "choices": choices, "usage": summed_usage([o[-1] for o in outputs], self.n)}

@@ -33,7 +33,7 @@ def _named_rows(plan: Plan) -> tuple[int, int] | None:
 async def completions(request: Request) -> Response:
     state: ServerState = request.app.state.server
     req, plan = await run_in_threadpool(_plan, await request.body(), state, tenant(request))
-    submitted = await submit(state, plan, "cmpl")
+    submitted = await submit(state, plan, "cmpl", tenant(request))
     shape = CompletionsShape(num_logprobs=req.logprobs, echo=bool(req.echo),
                              num_prompt_logprobs=req.prompt_logprobs, include_usage=plan.include_usage,
                              label=logprobs_label(plan.choices[0].params),

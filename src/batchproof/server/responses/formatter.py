@@ -27,6 +27,12 @@ from batchproof.server.tools.choice import ToolPlan
 from batchproof.server.weight_versions import reply_versions
 
 
+# A reply that did not end by itself, as OpenAI's `incomplete_details.reason` (status and item
+# `incomplete`): cut by max_output_tokens, or aborted (/abort_requests, a pause in abort mode:
+# ours, as chat's finish_reason "abort" is vLLM's).
+INCOMPLETE_REASONS = {"length": "max_output_tokens", "abort": "abort"}
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
@@ -72,7 +78,8 @@ class ResponsesFormatter:
         return event
 
     def response(self, status: str, last: RequestOutput | None = None) -> dict[str, Any]:
-        incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
+        incomplete = ({"reason": INCOMPLETE_REASONS[last.finish_reason]}
+                      if status == "incomplete" and last is not None else None)
         return {"id": self.echo["id"], "object": "response", "created_at": self.created_at, "status": status,
                 "error": None, "incomplete_details": incomplete, **{k: v for k, v in self.echo.items() if k != "id"},
                 "output": [dict(item) for item in self.items] if status != "in_progress" else [],
@@ -159,12 +166,12 @@ class ResponsesFormatter:
         return [self._event("response.function_call_arguments.delta", **self._where(), delta=text, **extra)]
 
     def _close(self, finish_reason: str) -> list[dict]:
-        """Close the open item: `incomplete` when the reply was cut by max_output_tokens."""
+        """Close the open item: `incomplete` when the reply was cut (by max_output_tokens, or an abort)."""
         if not self.is_open:
             return []
         self.is_open = False
         item, where = self.items[-1], self._where()
-        item["status"] = "incomplete" if finish_reason == "length" else "completed"
+        item["status"] = "incomplete" if finish_reason in INCOMPLETE_REASONS else "completed"
         events = []
         if item["type"] == "message":
             part = item["content"][0]
@@ -180,7 +187,7 @@ class ResponsesFormatter:
     def _final(self, last: RequestOutput) -> dict[str, Any]:
         if self.wants_records and self.num_entries != last.num_kept_tokens:
             raise count_mismatch(self.num_entries, last.num_kept_tokens)
-        response = self.response("incomplete" if last.finish_reason == "length" else "completed", last)
+        response = self.response("incomplete" if last.finish_reason in INCOMPLETE_REASONS else "completed", last)
         if self.on_done is not None:
             self.on_done(response)
         return response

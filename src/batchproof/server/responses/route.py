@@ -83,7 +83,7 @@ async def create_response(request: Request) -> Response:
     state: ServerState = request.app.state.server
     key_id = tenant(request)
     req, chat, plan, tool_plan, conversation = await run_in_threadpool(_plan, await request.body(), state, key_id)
-    submitted = await submit(state, plan, "resp")
+    submitted = await submit(state, plan, "resp", key_id)
     response_id = submitted.request_id.replace("-", "_", 1)  # OpenAI's spelling: resp_<hex>
 
     def keep(response: dict[str, Any]) -> None:

@@ -31,7 +31,10 @@ def _parsed_array(text: str) -> list[ParsedCall] | None:
         try:
             call, pos = decoder.raw_decode(text, pos)
             calls.append(ParsedCall(call["name"], json.dumps(call["arguments"], ensure_ascii=False)))
-        except (ValueError, KeyError, TypeError):  # under its grammar only a cut leaves an item unfinished
+        # Under its grammar only a cut leaves an item unfinished; RecursionError: arguments nested
+        # deeper than Python's json reads (~1,000 levels; a logit_bias on '[' writes that), which
+        # then stay text, as a cut call does.
+        except (ValueError, KeyError, TypeError, RecursionError):
             return calls or None
         if not text.startswith(", ", pos):
             return calls

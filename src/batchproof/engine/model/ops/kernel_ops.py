@@ -29,7 +29,7 @@ class KernelOps:
         self._linear_q = kernels.linear_q_int8 if self.is_int8 else kernels.linear_q
         self.is_fused = is_fused  # decode steps in one C call (tests turn it off to compare)
         self._fused: kernels.DecodeLayers | None = None
-        self._fused_key: tuple[int, int] | None = None
+        self._fused_for: tuple[object, KVCache] | None = None  # (the weights' identity, the cache) it describes
         self.decode_path = f"{kernels.kernel_name()} kernels, one fixed-order sum per output (batch-invariant)"
         # Every instruction-set path gives the same bits, so the ISA is not part of it.
         self.numerics = f"batchproof kernels {kernels.numerics_version()}" + (
@@ -101,13 +101,15 @@ class KernelOps:
                       cache: KVCache) -> torch.Tensor:
         """All layers in one C call (layers.c), the same kernels in the same order as
         model.decode_layers, so the same bits."""
-        key = (id(model), id(cache))
-        if self._fused_key != key:  # described once per model and cache (their addresses never move)
+        described = self._fused_for
+        # Described once per weights and cache, keyed by the objects themselves (held, so never
+        # reused), not their addresses: a freed model's address can come back with the next load.
+        if described is None or described[0] is not model.identity or described[1] is not cache:
             self._fused = kernels.DecodeLayers(
                 model.spec, model.layers, [(rope.cos, rope.sin) for rope in model.ropes], model.windows, cache.k,
                 cache.v, model.scale, self.is_int8,
             ) if model.spec.arch in FUSED_ARCHS else None
-            self._fused_key = key
+            self._fused_for = (model.identity, cache)
         if self._fused is None or not self.is_fused:
             return model.decode_layers(x, positions, slots, num_real, cache)
         x = x.contiguous()
