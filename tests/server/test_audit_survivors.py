@@ -67,9 +67,10 @@ def oversized(model: type[BaseModel], name: str) -> bytes:
     value = {f"k{i}": "v" for i in range(count)} if name == "metadata" else ["a"] * count
     body = {**REQUIRED[model], name: value, "user": "x" * counting.PRECOUNT_FROM_BYTES}
     raw = json.dumps(body).encode()
-    objects, values = counting._count_structure(raw)
+    objects, members, values = counting._count_structure(raw)
     assert len(raw) >= counting.PRECOUNT_FROM_BYTES
-    assert objects <= counting.MAX_JSON_OBJECTS and values <= counting.MAX_JSON_VALUES
+    assert objects <= counting.MAX_JSON_OBJECTS and members <= counting.MAX_JSON_MEMBERS
+    assert values <= counting.MAX_JSON_VALUES
     return raw
 
 

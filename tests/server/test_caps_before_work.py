@@ -178,7 +178,7 @@ def test_responses_metadata_is_held_to_openais_limits_before_it_is_planned_or_st
     stored = []
     monkeypatch.setattr(server.state.responses, "put", lambda *args: stored.append(args))
     monkeypatch.setattr(engine.tokenizer, "encode", _never("tokenizing"))
-    huge = {f"k{i:06d}": "" for i in range(300_000)}
+    huge = {f"k{i:06d}": "" for i in range(100_000)}  # (300,000: refused on the raw bytes, unparsed)
     cases = [huge, {f"k{i}": "" for i in range(MAX_METADATA_PAIRS + 1)},
              {"k" * (MAX_METADATA_KEY_CHARS + 1): "v"}, {"k": "v" * (MAX_METADATA_VALUE_CHARS + 1)}]
     for metadata in cases:

@@ -23,7 +23,8 @@ HUGE = [
     (ChatCompletionRequest, {"messages": [{"role": "tool", "tool_call_id": "c", "content": "r"}] * 140_000}, None),
     (ChatCompletionRequest, {"messages": [{"role": "user", "content": "hi"}], "tools": [TOOL] * 20_000}, None),
     (ChatCompletionRequest, {"messages": [{"role": "user", "content": "hi"}], "tools": [TOOL] * 2_000}, "tools"),
-    (ResponsesRequest, {"input": "hi", "metadata": {f"k{i}": "v" for i in range(300_000)}}, "metadata"),
+    (ResponsesRequest, {"input": "hi", "metadata": {f"k{i}": "v" for i in range(300_000)}}, None),
+    (ResponsesRequest, {"input": "hi", "metadata": {f"k{i}": "v" for i in range(100_000)}}, "metadata"),
     (ResponsesRequest, {"input": [{"role": "user", "content": "x"}] * 70_000}, None),
     # Issue 58's: nested where no field count reached them
     (ChatCompletionRequest, {"messages": [{"role": "user", "content": [PART] * 288_938}]}, None),
@@ -61,15 +62,21 @@ def test_brackets_and_commas_inside_strings_are_not_counted() -> None:
     for size in (1, 2, 3, 7, 64):
         counting.SCAN_SLICE_BYTES, saved = size, counting.SCAN_SLICE_BYTES
         try:
-            assert counting._count_structure_outside_strings(small) == (1, 3)
+            assert counting._count_structure_outside_strings(small) == (1, 2, 3)
         finally:
             counting.SCAN_SLICE_BYTES = saved
 
 
-def test_a_bias_over_a_whole_large_vocabulary_fits_the_budget() -> None:
-    body = json.dumps({"messages": [{"role": "user", "content": "hi"}],
-                       "logit_bias": {str(i): 1.0 for i in range(262_144)}}).encode()
-    assert len(parse_body(ChatCompletionRequest, body).logit_bias) == 262_144
+def test_a_bias_over_131072_tokens_fits_the_budget_and_twice_that_is_refused_unparsed(monkeypatch) -> None:
+    def body(num: int) -> bytes:
+        return json.dumps({"messages": [{"role": "user", "content": "hi"}],
+                           "logit_bias": {str(i): 1.0 for i in range(num)}}).encode()
+
+    assert len(parse_body(ChatCompletionRequest, body(131_000)).logit_bias) == 131_000
+    monkeypatch.setattr(counting.pydantic_core, "from_json", lambda *a: pytest.fail("parsed"))
+    with pytest.raises(APIError) as refused:
+        parse_body(ChatCompletionRequest, body(262_144))
+    assert "262148 members of JSON objects" in refused.value.message
 
 
 def test_what_the_count_passes_is_validated_as_before() -> None:
