@@ -34,7 +34,10 @@ class EngineConfig:
         default=True,
         metadata={"help": "bitwise the same tokens and logprobs at any batch size (off: faster torch path)"},
     )
-    num_threads: int | None = field(default=None, metadata={"help": "CPU threads (default: all cores)"})
+    num_threads: int | None = field(
+        default=None, metadata={"help": "CPU threads, fixed (default: all cores, fewer while other processes use "
+                                        "some: engine/threads.py)"}
+    )
     max_prefill_tokens: int = field(
         default=2048, metadata={"help": "prompt tokens prefilled in one step when nothing else is decoding"}
     )

@@ -34,6 +34,7 @@ from batchproof.engine.speculative.propose import propose
 from batchproof.engine.speculative.verify import verify
 from batchproof.engine.text.text_stream import TextStream
 from batchproof.engine.text.tokenizer import Tokenizer
+from batchproof.engine.threads import ThreadShare, read_machine
 from batchproof.engine.weight_versions import default_version, label, refeed
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -94,6 +95,10 @@ class Engine:
         # Native weights need our kernels; the torch backend (a GPU, no compiler, or
         # invariance off) multiplies float tensors, so it always gets them dequantized.
         self.weights = config.weights if isinstance(ops, KernelOps) else "float32"
+        # Unless --num-threads fixed it, each step of our kernels uses the cores no other process
+        # is using (threads.py): their bits never depend on the count, a BLAS's may.
+        self.threads = ThreadShare(self.num_threads,
+                                   read=read_machine if isinstance(ops, KernelOps) and not config.num_threads else None)
         source = model_source(self.model_path)  # the format, decided once
         model_file = source.read(self._runs_natively)
         self.spec: ModelSpec = model_file.spec
@@ -256,6 +261,7 @@ class Engine:
         outputs = self.outputs.retired(scheduled.retired)
         self._stepping = scheduled.prefill or scheduled.decode
         if self._stepping:
+            self.share_cores()
             self._note_batch(len(scheduled.decode))
             started = time.perf_counter()
             seqs, logits, prompt_records, drafts = self._forward(scheduled)
@@ -269,6 +275,13 @@ class Engine:
                                        time.perf_counter() - started - self._drafting_s)
         self._stepping = []
         return self._forget_finished(outputs)
+
+    def share_cores(self) -> None:
+        """The step's thread count: the cores free now (threads.py). No count changes a bit."""
+        num_threads = self.threads.now()
+        if num_threads != self.model.ops.num_threads:
+            self.model.ops.num_threads = num_threads
+            torch.set_num_threads(num_threads)
 
     @staticmethod
     def _start_grammars(running: list[Sequence]) -> None:

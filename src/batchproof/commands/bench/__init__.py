@@ -45,6 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--speculative", action="store_true",
                         help="only measure speculative decoding: two servers (on and off, and --vs if given), c=1 "
                              "and c=16 on an editing task, a JSON extraction and free chat")
+    parser.add_argument("--neighbour", action="store_true",
+                        help="decode at c=1 and c=16, quiet and beside one busy process, ours (--serve or --url) and "
+                             "the peer (--vs) in the same rounds")
     parser.add_argument("--json", type=Path, help="also write every figure to this file")
     parser.add_argument("--write-model", type=Path, metavar="PATH",
                         help="only write a GGUF of random quantized weights in --shape with the default model's "
@@ -81,9 +84,31 @@ def run(args: argparse.Namespace) -> int:
                        else speculative.CONCURRENCY)
         return _own_bench(args, "speculative", lambda: speculative.measure(
             args.model, args.serve_arg, args.repeats, args.vs, concurrency), speculative.report)
+    if args.neighbour:
+        return _neighbour(args)
     from batchproof.commands.bench import speed
 
     return speed.run(args)
+
+
+def _neighbour(args: argparse.Namespace) -> int:
+    from batchproof.commands.bench import neighbour, servers
+
+    process = None
+    try:
+        targets = {"ours": args.url.rstrip("/")} if args.url else {}
+        if args.serve:
+            process, targets["ours"] = servers.start_serve(args.model, args.serve_arg)
+        if args.vs:
+            targets["peer"] = args.vs.rstrip("/")
+        if not targets:
+            print("batchproof bench: --neighbour measures --serve, --url or --vs", file=sys.stderr)
+            return 2
+        return _own_bench(args, "neighbour", lambda: neighbour.measure(targets, args.max_tokens, args.repeats,
+                                                                       args.prompt), neighbour.report)
+    finally:
+        if process is not None:
+            servers.stop([process])
 
 
 def _own_bench(args: argparse.Namespace, key: str, measure: Callable[[], Any], report: Callable[[Any], None]) -> int:

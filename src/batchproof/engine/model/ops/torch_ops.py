@@ -57,6 +57,8 @@ def qkv_heads(qkv: torch.Tensor, layout: HeadLayout, positions: torch.Tensor, ro
 class TorchOps:
     def __init__(self, padded: bool, device: torch.device | None = None) -> None:
         self.padded = padded
+        # Fixed: a BLAS may split a sum between threads, so its count is part of the bits.
+        self.num_threads = torch.get_num_threads()
         self.batches_prefill = not padded  # a BLAS may block a row differently in company
         self.reuses_prefixes = False  # a BLAS blocks a row by the chunk's row count
         self.decode_path = ("torch, every step padded to max_batch rows (batch-invariant)" if padded
