@@ -3,6 +3,7 @@
 import pytest
 
 from batchproof.engine.model.ops import kernels
+from tests.helpers.tiny_gguf import TinySpec, write_tiny_gguf
 
 
 @pytest.fixture(params=[2, 1, 0], ids=lambda level: kernels.ISA_NAMES[level])
@@ -14,3 +15,15 @@ def isa(request):
     kernels.cap_isa_level(request.param)
     yield request.param
     kernels.cap_isa_level(2)
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(tmp_path_factory) -> list:
+    """Two tiny llama GGUFs of the same shapes (seeds 0 and 1: an old and a new checkpoint)."""
+    directory = tmp_path_factory.mktemp("swap")
+    paths = []
+    for seed in (0, 1):
+        path = directory / f"tiny-{seed}.gguf"
+        write_tiny_gguf(path, TinySpec("llama", seed=seed))
+        paths.append(path)
+    return paths

@@ -27,7 +27,6 @@ from tests.engine.test_quant_register_path import REGISTER_TYPES, edge_blocks
 from tests.engine.test_speculative import alone, chat, greedy, signature
 from tests.engine.test_weight_swap import joined
 from tests.helpers.quant_blocks import bits
-from tests.helpers.tiny_gguf import TinySpec, write_tiny_gguf
 
 # A short copying request (14 tokens of reply): drafts from its prompt are accepted in runs.
 COPY = "Repeat exactly: Every night the keeper climbed the ninety steps and wound the clockwork."
@@ -256,18 +255,6 @@ def test_the_end_of_turn_token_is_covered_by_the_version_spans(engine):
 
 # --- 5, 6. a keep swap: no old key in the new prefix cache -----------------------------------
 
-@pytest.fixture(scope="module")
-def tiny_paths(tmp_path_factory) -> list:
-    """Two tiny llama GGUFs of the same shapes (seeds 0 and 1: an old and a new checkpoint)."""
-    directory = tmp_path_factory.mktemp("audit-tiny")
-    paths = []
-    for seed in (0, 1):
-        path = directory / f"tiny-{seed}.gguf"
-        write_tiny_gguf(path, TinySpec("llama", seed=seed))
-        paths.append(path)
-    return paths
-
-
 def tiny(path, **extra) -> Engine:
     config = {"device": "cpu", "max_batch": 4, "num_threads": 1, "max_prefill_tokens": 8, **extra}
     return Engine(EngineConfig(model_path=path, **config))
@@ -282,14 +269,14 @@ TINY_PARAMS = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, top
 
 
 @needs_kernels
-def test_a_finished_sequence_awaiting_retirement_leaves_no_old_key_across_a_keep_swap(tiny_paths):
+def test_a_finished_sequence_awaiting_retirement_leaves_no_old_key_across_a_keep_swap(tiny_pair):
     """A request finishes; before the next step retires it (its slot still holds the old
     weights' keys), the weights are swapped in keep mode. The same prompt then finds nothing
     cached and gets the bits of a fresh engine on the new weights.
 
     catches: weight_versions.refeed returning for a finished sequence before it zeroes
     `num_computed`: its retirement then stores the old keys in the new weights' cache."""
-    old_path, new_path = tiny_paths
+    old_path, new_path = tiny_pair
     swapped, fresh = tiny(old_path), tiny(new_path)
     assert swapped.prefix_cache is not None
     prompt = swapped.tokenizer.encode(TINY_PROMPT, add_bos=False)
@@ -305,7 +292,7 @@ def test_a_finished_sequence_awaiting_retirement_leaves_no_old_key_across_a_keep
 
 
 @needs_kernels
-def test_a_keep_swap_after_the_prompt_is_stored_starts_an_empty_cache(tiny_paths):
+def test_a_keep_swap_after_the_prompt_is_stored_starts_an_empty_cache(tiny_pair):
     """The prompt's blocks are in the cache (its prefill has ended) when the weights are swapped
     in keep mode: the cache the new weights get holds nothing, and once the refilled sequence
     has left its blocks there, the same prompt gets a fresh engine's bits on the new weights.
@@ -313,7 +300,7 @@ def test_a_keep_swap_after_the_prompt_is_stored_starts_an_empty_cache(tiny_paths
     catches: a keep swap keeping the old prefix cache (engine.install_weights replacing it only
     in drain mode). The older test swaps while the prompt is still being fed, when the old
     cache is empty anyway."""
-    old_path, new_path = tiny_paths
+    old_path, new_path = tiny_pair
     swapped, fresh = tiny(old_path), tiny(new_path)
     prompt = swapped.tokenizer.encode(TINY_PROMPT, add_bos=False)
     swapped.add_request("a", prompt, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))
@@ -358,14 +345,14 @@ def test_a_tail_is_served_only_after_the_whole_blocks_it_followed():
 # --- 9. the scheduler: a deferred newcomer keeps its place -----------------------------------
 
 @needs_kernels
-def test_a_newcomer_waiting_for_a_shared_prefill_keeps_its_place_at_the_head(tiny_paths, monkeypatch):
+def test_a_newcomer_waiting_for_a_shared_prefill_keeps_its_place_at_the_head(tiny_pair, monkeypatch):
     """Two slots. P (64 tokens) is being fed; then N (sharing P's first 48), Q1 and Q2 arrive.
     N waits for P's prefill rather than compute the shared 48 beside it, and Q1 takes the free
     slot; the next slot to free is N's, not Q2's, which arrived after it.
 
     catches: scheduler._admit putting the deferred newcomers at the tail of the queue
     (`waiting.extend(deferred)`) instead of back at its head."""
-    eng = tiny(tiny_paths[0], max_batch=2)
+    eng = tiny(tiny_pair[0], max_batch=2)
     admitted: list[str] = []
     admit = eng.caches.admit
 

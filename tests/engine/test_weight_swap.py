@@ -18,7 +18,6 @@ from batchproof.engine.sampling_params import SamplingParams
 from batchproof.engine.sequence import VersionSpan
 from batchproof.engine.weight_versions import default_version, spans
 from tests.helpers.second_model import gemma_package  # noqa: F401 (a fixture)
-from tests.helpers.tiny_gguf import TinySpec, write_tiny_gguf
 
 PROMPTS = ["hello the world", "and then 123 more", "the hell and", "in an and"]
 NUM_TOKENS = 24
@@ -125,17 +124,6 @@ class Pair:
         """The old weights again (idle: a drain swap), for the next test."""
         self.swapped.install_weights(self.swapped.prepare_weights(self.old_path))
         self.prepared = self.swapped.prepare_weights(self.new_path)
-
-
-@pytest.fixture(scope="module")
-def tiny_pair(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("swap")
-    paths = []
-    for seed in (0, 1):
-        path = directory / f"tiny-{seed}.gguf"
-        write_tiny_gguf(path, TinySpec("llama", seed=seed))
-        paths.append(path)
-    return paths
 
 
 @pytest.fixture(scope="module")

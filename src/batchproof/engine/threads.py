@@ -27,8 +27,7 @@ STALE_S = 1.0
 YIELD_AT_CORES = 0.6
 
 
-def _clock_ticks() -> int:
-    return os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # /proc's unit of CPU time
 
 
 def read_machine() -> tuple[float, float]:
@@ -38,8 +37,7 @@ def read_machine() -> tuple[float, float]:
     busy = sum(fields) - fields[3] - (fields[4] if len(fields) > 4 else 0)  # all but idle and iowait
     with open("/proc/self/stat") as f:
         own = f.read().rsplit(")", 1)[1].split()
-    ticks = _clock_ticks()
-    return busy / ticks, (int(own[11]) + int(own[12])) / ticks  # utime, stime
+    return busy / CLOCK_TICKS, (int(own[11]) + int(own[12])) / CLOCK_TICKS  # utime, stime
 
 
 class ThreadShare:
