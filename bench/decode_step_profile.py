@@ -16,7 +16,7 @@ import time
 from collections import defaultdict
 
 from batchproof.commands.bench import in_process
-from batchproof.engine.sampling_params import SamplingParams
+from batchproof.engine.sampling.params import SamplingParams
 
 
 def timed(spent: dict, key: str, fn):

@@ -31,7 +31,7 @@ from batchproof.engine.cache.kv_cache import KVCache  # noqa: E402
 from batchproof.engine.config import EngineConfig  # noqa: E402
 from batchproof.engine.engine import Engine  # noqa: E402
 from batchproof.engine.model.transformer import Segment  # noqa: E402
-from batchproof.engine.sampling_params import SamplingParams  # noqa: E402
+from batchproof.engine.sampling.params import SamplingParams  # noqa: E402
 
 PROMPTS = [
     "What is the capital of France?", "Write a short poem about the sea.", "Explain photosynthesis in two sentences.",

@@ -16,7 +16,7 @@ import torch
 
 from batchproof.engine.config import EngineConfig
 from batchproof.engine.engine import Engine
-from batchproof.engine.sampling_params import SamplingParams
+from batchproof.engine.sampling.params import SamplingParams
 
 
 def step_times(engine: Engine, prompt: list[int], seqs: int, params: SamplingParams) -> list[float]:

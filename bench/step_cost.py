@@ -2,7 +2,7 @@
 (30 layers of Q4_1 QKV, output, gate+up and down, and the Q8_0 LM head), random blocks, in one
 numerics at one instruction-set level. The shape of this curve decides two things: the seed's S7
 (a step of 4 rows must cost under twice a step of one) and which drafts pay (the speculative
-cost table, src/batchproof/engine/speculative/cost.py). Run on a quiet machine:
+cost table, src/batchproof/engine/draft/cost.py). Run on a quiet machine:
 
     python bench/step_cost.py [--numerics int8] [--max-isa avx2] [--threads 2] [--json OUT]
 """

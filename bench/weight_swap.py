@@ -30,7 +30,7 @@ import numpy as np
 from batchproof.engine.config import EngineConfig
 from batchproof.engine.engine import Engine
 from batchproof.engine.model.known_models import resolve_model
-from batchproof.engine.sampling_params import SamplingParams
+from batchproof.engine.sampling.params import SamplingParams
 
 WORDS = "the sea at night is dark and the waves come in from far away under a sky of stars".split()
 

@@ -27,7 +27,7 @@ from batchproof.commands import verify_rollouts
 from batchproof.engine.config import EngineConfig
 from batchproof.engine.engine import Engine
 from batchproof.engine.model.default_model import default_model_path
-from batchproof.engine.sampling_params import SamplingParams
+from batchproof.engine.sampling.params import SamplingParams
 
 PROMPTS = ["Write one sentence about the sea.", "Name three fruits.", "What is 7 times 8?", "Say hello in French.",
            "Describe a cat in five words.", "Give me a colour.", "Why is the sky blue?", "Count to ten."]

@@ -10,7 +10,7 @@ import gguf
 import pytest
 
 from batchproof.engine.model.default_model import default_model_path
-from batchproof.engine.sampling_params import SamplingParams
+from batchproof.engine.sampling.params import SamplingParams
 
 FRANCE = "What is the capital of France?"
 MAX_PARALLEL = 2

@@ -4,7 +4,7 @@ its kept tokens, and the reply is the one max_tokens would have cut at as many t
 
 import dataclasses
 
-from batchproof.engine.sampling_params import SamplingParams
+from batchproof.engine.sampling.params import SamplingParams
 
 NEVER = "@@never@@"  # ends the stop string: it never matches, so the text it spells is held back
 

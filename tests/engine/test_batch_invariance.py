@@ -10,7 +10,7 @@ import threading
 import httpx
 import pytest
 
-from batchproof.engine.sampling_params import SamplingParams
+from batchproof.engine.sampling.params import SamplingParams
 from tests.helpers.http import wait_until
 
 PROMPTS = [

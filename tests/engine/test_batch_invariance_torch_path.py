@@ -7,7 +7,7 @@ import pytest
 from batchproof.engine.config import EngineConfig
 from batchproof.engine.engine import Engine
 from batchproof.engine.model.ops import TorchOps, kernels
-from batchproof.engine.sampling_params import SamplingParams
+from batchproof.engine.sampling.params import SamplingParams
 
 PROMPTS = ["Hi", "Write an essay on compilers.", "List the planets of the solar system with one fact each.",
            "What is 2 + 2?"]

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from batchproof.engine.model.errors import ModelLoadError
+from batchproof.engine.model.front import read_chat_template
 from batchproof.engine.text.chat_formats import BUILTIN_FORMATS, choose_chat_template
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
@@ -39,10 +40,10 @@ def test_the_files_template_and_then_the_flag_win(tmp_path: Path) -> None:
     assert origin == "the model file" and template.render(MESSAGES[1:2]) == "[Hi]"
     flag = tmp_path / "mine.jinja"
     flag.write_text("{{ messages[0]['content'] | upper }}")
-    template, origin = choose_chat_template(own, GEMMA_TOKENS, "<bos>", "<eos>", override=flag)
+    template, origin = choose_chat_template(own, GEMMA_TOKENS, "<bos>", "<eos>", override=read_chat_template(flag))
     assert str(flag) in origin and template.render(MESSAGES[1:2]) == "HI"
     with pytest.raises(ModelLoadError, match="missing.jinja"):
-        choose_chat_template(own, GEMMA_TOKENS, "<bos>", "<eos>", override=tmp_path / "missing.jinja")
+        read_chat_template(tmp_path / "missing.jinja")
 
 
 @pytest.mark.parametrize("tokens", [set(), {"<s>", "</s>", "<unk>"}, {"<start_of_turn>"}, {"<|im_start|>"}])

@@ -5,9 +5,8 @@ paced and shared."""
 import pytest
 
 from batchproof.engine.model.ops import kernels
-from batchproof.engine.prefill_pacer import FIRST_BUDGET, PrefillPacer
-from batchproof.engine.sampling_params import SamplingParams
-from batchproof.engine.scheduler import allot_prefill
+from batchproof.engine.sampling.params import SamplingParams
+from batchproof.engine.scheduler import FIRST_BUDGET, PrefillPacer, allot_prefill
 
 LONG = ("The harbour master kept a ledger of every ship that came past the breakwater: its name, its "
         "flag, its cargo and the hour of the tide. ") * 8

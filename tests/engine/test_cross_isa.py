@@ -21,7 +21,7 @@ from batchproof.engine.engine import Engine
 from batchproof.engine.model.ops import kernels
 from batchproof.engine.model.transformer import Segment
 from batchproof.engine.model.weights import RawTensor, quant_weight
-from batchproof.engine.sampling_params import SamplingParams
+from batchproof.engine.sampling.params import SamplingParams
 from tests.helpers.quant_blocks import SCALE_OFFSETS, random_blocks
 from tests.helpers.tiny_gguf import TinySpec, write_tiny_gguf
 

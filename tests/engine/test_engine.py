@@ -10,9 +10,9 @@ import torch
 
 from batchproof.engine.cache.kv_cache import KVCache
 from batchproof.engine.engine import Engine
-from batchproof.engine.logprobs import TokenRecord
 from batchproof.engine.model.transformer import Segment
-from batchproof.engine.sampling_params import SamplingParams
+from batchproof.engine.sampling.logprobs import TokenRecord
+from batchproof.engine.sampling.params import SamplingParams
 from batchproof.engine.sequence import RequestOutput
 
 REFERENCE = json.loads((Path(__file__).parent / "reference" / "hf_reference.json").read_text())

@@ -13,7 +13,7 @@ from batchproof.engine.engine import Engine
 from batchproof.engine.model.errors import ModelLoadError
 from batchproof.engine.model.ops import KernelOps, TorchOps
 from batchproof.engine.model.transformer import Segment
-from batchproof.engine.sampling_params import SamplingParams
+from batchproof.engine.sampling.params import SamplingParams
 from tests.helpers.tiny_gguf import TinySpec, reference_logits, write_tiny_gguf
 
 Q = gguf.GGMLQuantizationType

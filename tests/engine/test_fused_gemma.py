@@ -15,7 +15,7 @@ from batchproof.engine.config import EngineConfig
 from batchproof.engine.engine import Engine
 from batchproof.engine.model.ops import KernelOps, kernels
 from batchproof.engine.model.transformer import Segment
-from batchproof.engine.sampling_params import SamplingParams
+from batchproof.engine.sampling.params import SamplingParams
 from tests.helpers.second_model import gemma_package  # noqa: F401 (a fixture)
 
 pytestmark = [

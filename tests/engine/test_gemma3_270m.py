@@ -11,7 +11,7 @@ import pytest
 
 from batchproof.engine.config import EngineConfig
 from batchproof.engine.engine import Engine
-from batchproof.engine.sampling_params import SamplingParams
+from batchproof.engine.sampling.params import SamplingParams
 from tests.helpers.http import post
 from tests.helpers.live_server import live_server
 from tests.helpers.second_model import gemma_package  # noqa: F401 (a fixture)

@@ -15,11 +15,11 @@ from batchproof.engine.config import EngineConfig
 from batchproof.engine.engine import Engine
 from batchproof.engine.grammar import compile as grammars
 from batchproof.engine.grammar import gbnf, matchers, state
-from batchproof.engine.grammar.constraint import Constraint
 from batchproof.engine.grammar.matchers import compiled_matchers
 from batchproof.engine.grammar.state import GRAMMAR_WORKERS, GrammarState, unpack_mask
 from batchproof.engine.grammar.tokenizer import _OurTokenizer, end_ids, grammar_tokenizer
-from batchproof.engine.sampling_params import SamplingParams
+from batchproof.engine.sampling.constraint import Constraint
+from batchproof.engine.sampling.params import SamplingParams
 
 # llama.cpp's grammars/json.gbnf: comments, multi-line rules, nested groups, repetition ranges.
 JSON_GBNF = r'''

@@ -11,7 +11,7 @@ import torch
 from batchproof.engine.config import EngineConfig
 from batchproof.engine.engine import Engine
 from batchproof.engine.model.ops import kernels
-from batchproof.engine.sampling_params import SamplingParams
+from batchproof.engine.sampling.params import SamplingParams
 from tests.helpers.tiny_gguf import TinySpec, reference_logits, write_tiny_gguf
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="the kernels are not built here")

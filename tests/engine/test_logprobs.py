@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchproof.engine.logprobs import build_records, chosen_logprobs, log_normalizer, top_k_logprobs
+from batchproof.engine.sampling.logprobs import build_records, chosen_logprobs, log_normalizer, top_k_logprobs
 
 NAN, INF = float("nan"), float("inf")
 
@@ -177,8 +177,8 @@ def test_probabilities_sum_to_one(k: int) -> None:
 def test_kernel_and_torch_routes_agree(rows, k):
     """Our one-pass kernel and the torch route: the same ids, counts and logits exactly,
     the same logprobs to float32 rounding."""
-    from batchproof.engine import logprobs
     from batchproof.engine.model.ops import KernelOps, kernels
+    from batchproof.engine.sampling import logprobs
 
     if not kernels.available():
         pytest.skip("the kernels are not built here")

@@ -17,7 +17,7 @@ from batchproof.engine.model.gguf.file import read_model_file
 from batchproof.engine.model.known_models import resolve_model
 from batchproof.engine.model.ops import kernels
 from batchproof.engine.model.weights import RawTensor
-from batchproof.engine.sampling_params import SamplingParams
+from batchproof.engine.sampling.params import SamplingParams
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise semantics are Linux's")
 

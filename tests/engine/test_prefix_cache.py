@@ -16,7 +16,7 @@ from batchproof.engine.cache.prefix_cache import Block, PrefixCache
 from batchproof.engine.config import EngineConfig
 from batchproof.engine.engine import Engine
 from batchproof.engine.model.ops import kernels
-from batchproof.engine.sampling_params import SamplingParams
+from batchproof.engine.sampling.params import SamplingParams
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="the cache needs our kernels")
 

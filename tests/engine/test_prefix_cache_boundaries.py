@@ -7,7 +7,7 @@ import pytest
 from batchproof.engine.config import EngineConfig
 from batchproof.engine.engine import PREFIX_BLOCK_TOKENS, Engine
 from batchproof.engine.model.ops import kernels
-from batchproof.engine.sampling_params import SamplingParams
+from batchproof.engine.sampling.params import SamplingParams
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="the cache needs our kernels")
 

@@ -101,7 +101,7 @@ def records(engine, requests: dict) -> dict[str, list[tuple]]:
 def test_native_weights_give_bitwise_the_float32_path_alone_and_batched(tmp_path):
     from batchproof.engine.config import EngineConfig
     from batchproof.engine.engine import Engine
-    from batchproof.engine.sampling_params import SamplingParams
+    from batchproof.engine.sampling.params import SamplingParams
     from tests.helpers.tiny_gguf import TinySpec, write_tiny_gguf
 
     path = tmp_path / "mixed.gguf"

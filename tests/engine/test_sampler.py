@@ -8,14 +8,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchproof.engine.sampler import (
+from batchproof.engine.sampling.params import SamplingParams, SamplingParamsError
+from batchproof.engine.sampling.sampler import (
     SamplingError,
     apply_penalties,
     banned_for_step,
     choose_token,
     logit_bias_row,
 )
-from batchproof.engine.sampling_params import SamplingParams, SamplingParamsError
 
 NAN, INF = float("nan"), float("inf")
 
@@ -216,7 +216,7 @@ def test_min_tokens_above_max_tokens_is_refused() -> None:
 def test_batched_greedy_equals_one_row_at_a_time(rows, bans):
     """The engine's one-pass greedy choice and choose_token agree, bans included."""
     from batchproof.engine.model.ops import kernels
-    from batchproof.engine.sampler import greedy_tokens
+    from batchproof.engine.sampling.sampler import greedy_tokens
 
     logits = torch.tensor(rows, dtype=torch.float32)
     bans = bans[:len(rows)]
@@ -234,7 +234,7 @@ def test_batched_greedy_equals_one_row_at_a_time(rows, bans):
 def test_processed_logits_are_the_distribution_sampled_from() -> None:
     """softmax(processed_logits) is what multinomial draws from: the bans, temperature, top-k,
     top-p and min-p applied, the dropped tokens at -inf, the rest renormalised."""
-    from batchproof.engine.sampler import _sampled_probs, _usable, processed_logits
+    from batchproof.engine.sampling.sampler import _sampled_probs, _usable, processed_logits
 
     logits = torch.linspace(-3.0, 4.0, 50)
     params = SamplingParams(temperature=0.7, top_k=10, top_p=0.9, min_p=0.05)

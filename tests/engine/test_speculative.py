@@ -12,12 +12,12 @@ import json
 import pytest
 
 from batchproof.engine.config import EngineConfig
+from batchproof.engine.draft.drafter import Drafter
+from batchproof.engine.draft.lookup import NgramIndex
 from batchproof.engine.engine import Engine
 from batchproof.engine.grammar import compile as grammars
 from batchproof.engine.model.ops import kernels
-from batchproof.engine.sampling_params import SamplingParams
-from batchproof.engine.speculative.drafter import Drafter
-from batchproof.engine.speculative.lookup import NgramIndex
+from batchproof.engine.sampling.params import SamplingParams
 from tests.helpers.second_model import gemma_package  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="speculation needs our kernels")
@@ -149,7 +149,7 @@ def test_a_draft_is_kept_only_where_it_slows_no_sequence_in_the_step():
 def test_step_costs_follow_this_engine_s_timings():
     """The table until timed; then each measured row count's median (one slow step ignored), and
     the table's shape between and past them. A dearer 2-row step here drafts less."""
-    from batchproof.engine.speculative.cost import StepCost, step_cost
+    from batchproof.engine.draft.cost import StepCost, step_cost
 
     cost = StepCost()
     assert [cost(r) for r in (1, 2, 4, 16, 40)] == [step_cost(r) for r in (1, 2, 4, 16, 40)]

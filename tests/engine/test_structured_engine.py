@@ -9,7 +9,7 @@ import pytest
 
 from batchproof.engine.grammar import compile as grammars
 from batchproof.engine.grammar.state import unpack_mask
-from batchproof.engine.sampling_params import SamplingParams
+from batchproof.engine.sampling.params import SamplingParams
 from tests.server.test_structured_output import PET_SCHEMA, PROMPT
 
 

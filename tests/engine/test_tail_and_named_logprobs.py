@@ -1,4 +1,4 @@
-"""engine/logprobs.py's tail and named-token logprobs against float64 references: the tail is the
+"""engine/sampling/logprobs.py's tail and named-token logprobs against float64 references: the tail is the
 mass outside the shown alternatives, summed (where `1 - sum` of the shown loses it), the same
 bits alone and batched; named ids give the same bits as the chosen token's logprob."""
 
@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from batchproof.engine.logprobs import build_records, normalizer, normalizer_and_top_k, tail_logprobs
+from batchproof.engine.sampling.logprobs import build_records, normalizer, normalizer_and_top_k, tail_logprobs
 
 
 def _reference_tail(row: torch.Tensor, shown: list[int]) -> float:

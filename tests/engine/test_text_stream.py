@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchproof.engine.logprobs import TokenRecord
+from batchproof.engine.sampling.logprobs import TokenRecord
 from batchproof.engine.text.text_stream import TextDelta, TextStream
 
 # Tokens of the real vocabulary that carry only part of a UTF-8 character, and whole ones.

@@ -1,13 +1,13 @@
-"""The step's thread count follows the cores other processes leave free (engine/threads.py), and
+"""The step's thread count follows the cores other processes leave free (engine/model/ops/threads.py), and
 no count changes a bit: the same requests decoded with the count moving every step (1, 2, 1,
 ...) give the tokens and logprob bits of a fixed count, alone and in a batch."""
 
 import pytest
 import torch
 
-from batchproof.engine import threads
-from batchproof.engine.sampling_params import SamplingParams
-from batchproof.engine.threads import ThreadShare
+from batchproof.engine.model.ops import threads
+from batchproof.engine.model.ops.threads import ThreadShare
+from batchproof.engine.sampling.params import SamplingParams
 
 
 class Machine:

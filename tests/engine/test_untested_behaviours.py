@@ -11,7 +11,7 @@ import pytest
 from batchproof.engine.config import EngineConfig
 from batchproof.engine.engine import Engine
 from batchproof.engine.model.errors import ModelLoadError
-from batchproof.engine.sampling_params import SamplingParams
+from batchproof.engine.sampling.params import SamplingParams
 from tests.helpers.tiny_gguf import MERGES, write_tiny_gguf
 
 

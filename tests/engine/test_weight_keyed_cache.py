@@ -8,7 +8,7 @@ new weights gives."""
 from batchproof.engine.config import EngineConfig
 from batchproof.engine.engine import Engine
 from batchproof.engine.model.ops import KernelOps, kernel_ops
-from batchproof.engine.sampling_params import SamplingParams
+from batchproof.engine.sampling.params import SamplingParams
 from tests.helpers.tiny_gguf import TinySpec, write_tiny_gguf
 
 CONFIG = {"device": "cpu", "max_batch": 2, "num_threads": 1}

@@ -5,7 +5,7 @@ rollouts transformers sampled from the same checkpoint in bfloat16 come out with
 import torch
 
 from batchproof.commands.verify_rollouts import verify
-from batchproof.engine.sampling_params import SamplingParams
+from batchproof.engine.sampling.params import SamplingParams
 from batchproof.notary.metrics import Settings
 from batchproof.notary.records import parse_record
 from tests.hf.test_tiny_checkpoints import engine_on

@@ -14,7 +14,7 @@ import torch
 
 from batchproof.engine.config import EngineConfig
 from batchproof.engine.engine import Engine
-from batchproof.engine.sampling_params import SamplingParams
+from batchproof.engine.sampling.params import SamplingParams
 from tests.hf.checkpoints import as_array, convert_gguf, greedy_check, reference_logprobs
 
 pytestmark = pytest.mark.slow

@@ -10,7 +10,7 @@ import torch
 
 from batchproof.engine.config import EngineConfig
 from batchproof.engine.engine import Engine
-from batchproof.engine.sampling_params import SamplingParams
+from batchproof.engine.sampling.params import SamplingParams
 from tests.hf.checkpoints import TINY_CONFIGS, as_array, greedy_check, reference_logprobs, tiny_model, write_checkpoint
 
 TEXTS = ["hello the world, and then 123 more! é", "  two  spaces\n\nand\ttabs", "<|im_start|>user\nhi<|im_end|>",

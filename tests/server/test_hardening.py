@@ -14,7 +14,7 @@ import pytest
 from batchproof.engine.async_engine import AsyncEngine
 from batchproof.engine.engine import Engine
 from batchproof.engine.model.ops import kernels
-from batchproof.engine.sampling_params import SamplingParams
+from batchproof.engine.sampling.params import SamplingParams
 from batchproof.engine.text.chat_template import ChatTemplate
 from batchproof.server.serving import admit
 from tests.helpers.http import assert_error, chat_body, parse_sse, post, wait_until

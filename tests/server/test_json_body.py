@@ -10,7 +10,6 @@ from starlette.responses import JSONResponse
 from batchproof.server import json_body
 from tests.helpers.http import post
 
-
 SCALARS = [0, -1.5, 1e-300, "é\u2028\"x\\", None, True, "", 7, [], {}]
 
 

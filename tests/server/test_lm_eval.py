@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from batchproof.engine.sampling_params import SamplingParams
+from batchproof.engine.sampling.params import SamplingParams
 
 pytest.importorskip("lm_eval")
 

@@ -6,7 +6,7 @@ import math
 import torch
 
 from batchproof.common.wire import ABSENT_LOGPROB, dumps
-from batchproof.engine.logprobs import build_records
+from batchproof.engine.sampling.logprobs import build_records
 from batchproof.server.entries import chat_entry
 
 NAN, INF = float("nan"), float("inf")

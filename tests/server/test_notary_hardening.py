@@ -13,8 +13,8 @@ import threading
 import httpx
 import pytest
 
-from batchproof.engine.logprobs import TokenRecord, TopEntry
 from batchproof.engine.model.known_models import resolve_model
+from batchproof.engine.sampling.logprobs import TokenRecord, TopEntry
 from batchproof.engine.sequence import RequestOutput
 from batchproof.notary.records import Rollout
 from batchproof.server import verify_rollouts

@@ -12,7 +12,7 @@ import pytest
 from batchproof.engine.config import EngineConfig
 from batchproof.engine.engine import Engine
 from batchproof.engine.grammar import compile as grammars
-from batchproof.engine.sampling_params import SamplingParams
+from batchproof.engine.sampling.params import SamplingParams
 from tests.helpers.http import chat_body, post
 from tests.helpers.live_server import live_server
 from tests.helpers.second_model import gemma_package  # noqa: F401 (a fixture)

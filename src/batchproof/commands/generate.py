@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     from batchproof.engine.config import EngineConfig
     from batchproof.engine.engine import Engine
     from batchproof.engine.model.errors import load_error_message
-    from batchproof.engine.sampling_params import SamplingParams, SamplingParamsError
+    from batchproof.engine.sampling.params import SamplingParams, SamplingParamsError
 
     try:
         params = SamplingParams(temperature=args.temperature, seed=args.seed, max_tokens=args.max_tokens,

@@ -14,7 +14,7 @@ _PUBLIC = {
     "Engine": "batchproof.engine.engine",
     "BatchSummary": "batchproof.engine.engine",
     "EngineConfig": "batchproof.engine.config",
-    "SamplingParams": "batchproof.engine.sampling_params",
+    "SamplingParams": "batchproof.engine.sampling.params",
     "RequestOutput": "batchproof.engine.sequence",
 }
 __all__ = sorted(_PUBLIC)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from batchproof.engine.engine import BatchSummary, Engine
 from batchproof.engine.inbox import ABORTED_BY_REQUEST, Abort, Add, Control, PauseMode, Swap, WeightSwap
-from batchproof.engine.sampling_params import SamplingParams
+from batchproof.engine.sampling.params import SamplingParams
 from batchproof.engine.sequence import RequestOutput
 
 # A step that raises fails its own requests and the engine goes on; this many in a row mean

@@ -36,7 +36,7 @@ class EngineConfig:
     )
     num_threads: int | None = field(
         default=None, metadata={"help": "CPU threads, fixed (default: all cores, fewer while other processes use "
-                                        "some: engine/threads.py)"}
+                                        "some: engine/model/ops/threads.py)"}
     )
     max_prefill_tokens: int = field(
         default=2048, metadata={"help": "prompt tokens prefilled in one step when nothing else is decoding"}

@@ -13,28 +13,28 @@ from batchproof.engine.cache.kv_cache import KVCache
 from batchproof.engine.cache.manager import CacheManager
 from batchproof.engine.cache.prefix_cache import PrefixCache
 from batchproof.engine.config import EngineConfig
+from batchproof.engine.draft.cost import StepCost
+from batchproof.engine.draft.drafter import Drafter
 from batchproof.engine.grammar.state import GrammarState
 from batchproof.engine.memory import hand_back_large_blocks, prefill_heap, trim_heap
 from batchproof.engine.model.errors import ModelLoadError
+from batchproof.engine.model.front import ModelFront
 from batchproof.engine.model.known_models import resolve_model
 from batchproof.engine.model.ops import KernelOps, choose_ops, kernels
+from batchproof.engine.model.ops.threads import ThreadShare, read_machine
 from batchproof.engine.model.source import model_source, pinned_files
 from batchproof.engine.model.spec import ModelSpec
 from batchproof.engine.model.transformer import Transformer
-from batchproof.engine.model_front import ModelFront
 from batchproof.engine.outputs import OutputProcessor
 from batchproof.engine.runner import ModelRunner
-from batchproof.engine.sampler import logit_bias_row
-from batchproof.engine.sampling_params import SamplingParams
+from batchproof.engine.sampling.params import SamplingParams
+from batchproof.engine.sampling.sampler import logit_bias_row
 from batchproof.engine.scheduler import ScheduledStep, Scheduler
 from batchproof.engine.sequence import RequestOutput, Sequence, Status
-from batchproof.engine.speculative.cost import StepCost
-from batchproof.engine.speculative.drafter import Drafter
 from batchproof.engine.speculative.propose import propose
 from batchproof.engine.speculative.verify import verify
 from batchproof.engine.text.text_stream import TextStream
 from batchproof.engine.text.tokenizer import Tokenizer
-from batchproof.engine.threads import ThreadShare, read_machine
 from batchproof.engine.weight_versions import default_version, label, refeed
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

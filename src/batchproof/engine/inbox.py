@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from batchproof.engine.engine import PreparedWeights
-from batchproof.engine.sampling_params import SamplingParams
+from batchproof.engine.sampling.params import SamplingParams
 
 
 @dataclass

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import torch
 
 from batchproof.engine.grammar.state import GrammarFailure
-from batchproof.engine.logprobs import NormalizerAndTopK, TokenRecord, build_records
-from batchproof.engine.sampler import (
+from batchproof.engine.sampling.logprobs import NormalizerAndTopK, TokenRecord, build_records
+from batchproof.engine.sampling.sampler import (
     NEG_INF,
     FirstMax,
     SamplingError,

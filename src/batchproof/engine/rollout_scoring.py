@@ -7,8 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from batchproof.engine.engine import Engine
-from batchproof.engine.logprobs import TokenRecord
-from batchproof.engine.sampling_params import SamplingParams
+from batchproof.engine.sampling.logprobs import TokenRecord
+from batchproof.engine.sampling.params import SamplingParams
 
 TOP = 2  # our best two per position: a near tie between them can flip a greedy choice anywhere
 

@@ -5,10 +5,10 @@ from dataclasses import dataclass
 
 import torch
 
-from batchproof.engine.cache.manager import CacheManager, Reused
-from batchproof.engine.logprobs import TokenRecord, build_records
+from batchproof.engine.cache.manager import CacheManager
 from batchproof.engine.model.transformer import Segment, Transformer
-from batchproof.engine.sequence import PrefillProgress, Sequence
+from batchproof.engine.sampling.logprobs import TokenRecord, build_records
+from batchproof.engine.sequence import PrefillProgress, Reused, Sequence
 
 Prefilled = tuple[Sequence, torch.Tensor, list | None]  # a completed prompt, its last logits [V], its prompt records
 

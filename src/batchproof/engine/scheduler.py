@@ -1,11 +1,11 @@
 """Iteration-level scheduling in plain Python: who is prefilled, who decodes, who holds a slot
-(the slots themselves are the cache manager's: taken and given back through it)."""
+(the slots themselves are the cache manager's: taken and given back through it), and how many
+prompt tokens a prefill step may feed while others decode (the pacer)."""
 
 from collections import deque
 from dataclasses import dataclass, field
 
 from batchproof.engine.cache.manager import CacheManager
-from batchproof.engine.prefill_pacer import PrefillPacer
 from batchproof.engine.sequence import Sequence, Status
 
 # A newcomer whose prompt opens with at least this many tokens that a prompt still being fed will
@@ -15,6 +15,42 @@ from batchproof.engine.sequence import Sequence, Status
 # none waits much longer than computing the shared part itself would take (SGLang's in-batch
 # prefix caching deprioritizes such requests the same way, from 32 shared tokens).
 MIN_SHARED_TOKENS = 32
+
+
+# How many prompt tokens a prefill step may feed while other sequences decode.
+# Before any step has been timed (or after nothing but decode steps), a prefill step beside
+# decoding sequences feeds this many tokens; the timings then take over.
+FIRST_BUDGET = 32
+
+
+class PrefillPacer:
+    """While others decode, prefill and decode steps alternate, and a prefill step may take
+    `share` of a decode step's time: at the prompt tokens per second the last prefill step
+    measured, that many tokens. Timing, not counting, because a token deep in a long prompt
+    costs several times one near its start (its attention reads every position before it):
+    a token budget let one 6,000-token prompt triple the others' per-token latency. Where the
+    prompt is cut changes no bit (our kernels; the torch path keeps its own grid), so a budget
+    that follows the clock is safe. With nothing decoding, a step feeds max_tokens."""
+
+    def __init__(self, share: float, max_tokens: int) -> None:
+        self.share = share
+        self.max_tokens = max_tokens
+        self._decode_s: float | None = None  # the last decode step's duration
+        self._tokens_per_s: float | None = None  # the last prefill step's rate
+
+    def observe_decode(self, seconds: float) -> None:
+        self._decode_s = seconds
+
+    def observe_prefill(self, num_tokens: int, seconds: float) -> None:
+        if num_tokens > 0 and seconds > 0:
+            self._tokens_per_s = num_tokens / seconds
+
+    def budget(self, is_decoding: bool) -> int:
+        if not is_decoding:
+            return self.max_tokens
+        if self._decode_s is None or self._tokens_per_s is None:
+            return min(FIRST_BUDGET, self.max_tokens)
+        return max(1, min(self.max_tokens, int(self.share * self._decode_s * self._tokens_per_s)))
 
 
 @dataclass

@@ -4,18 +4,14 @@ import enum
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
+from batchproof.engine.draft.drafter import Drafter
 from batchproof.engine.grammar.state import GrammarState
-from batchproof.engine.logprobs import TokenRecord
-from batchproof.engine.sampling_params import SamplingParams
-from batchproof.engine.speculative.drafter import Drafter
+from batchproof.engine.sampling.logprobs import TokenRecord
+from batchproof.engine.sampling.params import SamplingParams
 from batchproof.engine.text.text_stream import TextStream
-
-if TYPE_CHECKING:
-    from batchproof.engine.cache.manager import Reused
 
 
 class Status(enum.Enum):
@@ -79,6 +75,17 @@ class PrefillProgress:
 
 
 @dataclass
+class Reused:
+    """What the cache gave a prompt: its first num_tokens positions, now in the slot. For a
+    request scoring its prompt, the records of the targets 1..num_tokens: the kept ones, then
+    (first position, hidden rows [n, dim]) still to go through the LM head."""
+
+    num_tokens: int = 0
+    records: list[TokenRecord] = field(default_factory=list)
+    unscored: list[tuple[int, torch.Tensor]] = field(default_factory=list)
+
+
+@dataclass
 class Sequence:
     request_id: str
     prompt_ids: list[int]
@@ -94,7 +101,7 @@ class Sequence:
     is_aborted: bool = False
     num_computed: int = 0  # leading positions whose keys and values are in the slot
     prefill: PrefillProgress | None = None  # while the prompt is part-way through prefill
-    reused: "Reused | None" = None  # what the prefix cache gave it at admission, until its prefill starts
+    reused: Reused | None = None  # what the prefix cache gave it at admission, until its prefill starts
     num_cached_tokens: int = 0  # of the prompt's, copied from the prefix cache
     finish_reason: str | None = None
     error: str | None = None

@@ -12,8 +12,8 @@ from fastapi import FastAPI
 from ray import serve
 
 from batchproof.engine.config import EngineConfig
+from batchproof.engine.model.front import ModelFront
 from batchproof.engine.model.known_models import resolve_model
-from batchproof.engine.model_front import ModelFront
 from batchproof.fleet.config import FleetConfig
 from batchproof.fleet.loopback import LOOPBACK, keep_ray_on_loopback, require_loopback_node
 from batchproof.fleet.metrics import use_replica_batch_sizes

@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 import ray
 
 from batchproof.engine.async_engine import Opened
-from batchproof.engine.model_front import ModelFront
-from batchproof.engine.sampling_params import SamplingParams
+from batchproof.engine.model.front import ModelFront
+from batchproof.engine.sampling.params import SamplingParams
 from batchproof.engine.sequence import RequestOutput
 from batchproof.fleet.registry import HEARTBEAT_S
 from batchproof.fleet.replica import Refused

@@ -9,8 +9,8 @@ from typing import Protocol
 
 from batchproof.engine.async_engine import Opened, PauseMode, WeightSwap
 from batchproof.engine.cache.prefix_cache import PrefixCache
-from batchproof.engine.model_front import ModelFront
-from batchproof.engine.sampling_params import SamplingParams
+from batchproof.engine.model.front import ModelFront
+from batchproof.engine.sampling.params import SamplingParams
 
 
 class EngineClient(Protocol):

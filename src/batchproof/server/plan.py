@@ -6,9 +6,9 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-from batchproof.engine.grammar.constraint import Constraint
-from batchproof.engine.model_front import ModelFront
-from batchproof.engine.sampling_params import SamplingParams, SamplingParamsError
+from batchproof.engine.model.front import ModelFront
+from batchproof.engine.sampling.constraint import Constraint
+from batchproof.engine.sampling.params import SamplingParams, SamplingParamsError
 from batchproof.engine.text.tokenizer import Tokenizer
 from batchproof.server.errors import APIError, shown
 from batchproof.server.protocol import CompletionsFields

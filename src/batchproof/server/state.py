@@ -8,7 +8,7 @@ from typing import TypeVar
 from pydantic import BaseModel, ValidationError
 
 from batchproof.engine.config import EngineConfig
-from batchproof.engine.model_front import ModelFront
+from batchproof.engine.model.front import ModelFront
 from batchproof.server.batch_log import BatchLog
 from batchproof.server.config import ServerConfig
 from batchproof.server.engine_client import Backend, EngineClient

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from batchproof.engine.grammar import compile as grammars
-from batchproof.engine.grammar.constraint import Constraint
+from batchproof.engine.sampling.constraint import Constraint
 from batchproof.engine.text.tokenizer import Tokenizer
 from batchproof.server.errors import APIError
 from batchproof.server.protocol import ResponseFormat, StructuredOutputs

@@ -15,7 +15,7 @@ from batchproof.engine.config import EngineConfig
 from batchproof.engine.engine import Engine
 from batchproof.engine.model.gguf.reader import read_gguf
 from batchproof.engine.model.known_models import resolve_model
-from batchproof.engine.sampling_params import SamplingParams
+from batchproof.engine.sampling.params import SamplingParams
 
 Q = gguf.GGMLQuantizationType
 # Eight layers, so Q4_K_M's 6-bit layers are a proper subset; dims a multiple of the K-quants' 256.

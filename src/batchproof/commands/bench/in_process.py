@@ -47,7 +47,7 @@ def engine_config(serve_args: Sequence[str], **overrides: Any):
 
 def prefill(engine, repeats: int) -> Prefill:
     """A ~600-token prompt prefilled `repeats` times (one token decoded each): the median rate."""
-    from batchproof.engine.sampling_params import SamplingParams
+    from batchproof.engine.sampling.params import SamplingParams
 
     prefill_ids = engine.tokenizer.encode(PREFILL_TEXT)
     rates = []
@@ -62,7 +62,7 @@ def decode_rate(engine, prompt_ids: list[int], max_tokens: int, batch: int = 1, 
                 ) -> float:
     """`batch` greedy requests decoded together: decode tokens per second after the step that
     prefills them (and gives each its first token)."""
-    from batchproof.engine.sampling_params import SamplingParams
+    from batchproof.engine.sampling.params import SamplingParams
 
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, top_logprobs=top_logprobs)
     for i in range(batch):

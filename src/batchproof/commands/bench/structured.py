@@ -54,7 +54,7 @@ class StructuredFigures:
 
 def _decode(engine, prompt_ids: list[int], concurrency: int, max_tokens: int, constraint) -> tuple[float, float]:
     """(decode tokens per second after the first step, seconds the engine waited for masks per step)."""
-    from batchproof.engine.sampling_params import SamplingParams
+    from batchproof.engine.sampling.params import SamplingParams
 
     # Free text (free, or auto's grammar outside a call) may end anywhere: EOS is ignored so each run
     # decodes max_tokens; a JSON schema asking for 50 objects cannot end sooner anyway.
@@ -78,7 +78,7 @@ def _decode(engine, prompt_ids: list[int], concurrency: int, max_tokens: int, co
 
 def measure(model: Path | None, max_tokens: int, repeats: int) -> StructuredFigures:
     from batchproof.engine.grammar import compile as grammars
-    from batchproof.engine.grammar.constraint import Constraint
+    from batchproof.engine.sampling.constraint import Constraint
     from batchproof.server.tools.formats import HERMES
 
     engine = in_process.load_engine(model, max_batch=max(CONCURRENCY), prefix_cache=False)

@@ -8,25 +8,13 @@ prefill: at admission, what the cache holds of the prompt is copied into the slo
 prompt's new whole blocks are kept. A request with a cache_namespace of None neither reuses nor leaves prefixes; with
 no prefix cache (off, or a backend that cannot promise the bits) only the slots are managed."""
 
-from dataclasses import dataclass, field
 
 import torch
 
 from batchproof.engine.cache.kv_cache import KVCache
 from batchproof.engine.cache.prefix_cache import Block, PrefixCache
-from batchproof.engine.logprobs import TokenRecord
-from batchproof.engine.sequence import Sequence
-
-
-@dataclass
-class Reused:
-    """What the cache gave a prompt: its first num_tokens positions, now in the slot. For a
-    request scoring its prompt, the records of the targets 1..num_tokens: the kept ones, then
-    (first position, hidden rows [n, dim]) still to go through the LM head."""
-
-    num_tokens: int = 0
-    records: list[TokenRecord] = field(default_factory=list)
-    unscored: list[tuple[int, torch.Tensor]] = field(default_factory=list)
+from batchproof.engine.sampling.logprobs import TokenRecord
+from batchproof.engine.sequence import Reused, Sequence
 
 
 class CacheManager:

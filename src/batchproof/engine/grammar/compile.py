@@ -6,9 +6,9 @@ import json
 
 from llguidance import LLMatcher
 
-from batchproof.engine.grammar.constraint import Constraint
 from batchproof.engine.grammar.gbnf import to_lark
 from batchproof.engine.grammar.matchers import CompileError, compiled_matchers
+from batchproof.engine.sampling.constraint import Constraint
 from batchproof.engine.text.tokenizer import Tokenizer
 
 # JSON as json.dumps writes it: ", " and ": ", no other whitespace. Free whitespace lets a small

@@ -3,8 +3,8 @@ the tokens they are expected to add pay for the rows they add to the step."""
 
 from collections.abc import Callable
 
+from batchproof.engine.draft.cost import expected_accepted, step_cost
 from batchproof.engine.sequence import Sequence
-from batchproof.engine.speculative.cost import expected_accepted, step_cost
 
 # At most this many rows in a step with drafts. Past 16 a row costs ~0.27 of a one-row step
 # against ~0.38 per token in a full step (cost.py), so a draft could gain at best a few percent

@@ -2,9 +2,7 @@
 needs: a model whose vocabulary spells none of them gets no chat route, never a guessed format."""
 
 from dataclasses import dataclass
-from pathlib import Path
 
-from batchproof.engine.model.errors import ModelLoadError
 from batchproof.engine.text.chat_template import ChatTemplate
 
 CHATML = (
@@ -53,17 +51,14 @@ BUILTIN_FORMATS = (
 
 
 def choose_chat_template(file_source: str | None, special_tokens: set[str], bos_token: str, eos_token: str,
-                         override: Path | None = None,
+                         override: tuple[str, str] | None = None,
                          file_origin: str = "the model file") -> tuple[ChatTemplate | None, str]:
-    """(template, where it came from): `override` (--chat-template) first, then the file's own,
-    then the first built-in format whose special tokens the vocabulary has; else (None, why)."""
+    """(template, where it came from): `override` (--chat-template's text and where it came from,
+    read by the caller) first, then the file's own, then the first built-in format whose special
+    tokens the vocabulary has; else (None, why)."""
     if override is not None:
-        try:
-            source = override.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            reason = getattr(e, "strerror", None) or e
-            raise ModelLoadError(f"{override}: cannot read the chat template ({reason})") from None
-        return ChatTemplate(source, bos_token, eos_token), f"--chat-template {override}"
+        source, origin = override
+        return ChatTemplate(source, bos_token, eos_token), origin
     if file_source:
         return ChatTemplate(file_source, bos_token, eos_token), file_origin
     for chat_format in BUILTIN_FORMATS:

@@ -3,7 +3,7 @@ each token's id and record with the text that carries it."""
 
 from dataclasses import dataclass, field
 
-from batchproof.engine.logprobs import TokenRecord
+from batchproof.engine.sampling.logprobs import TokenRecord
 from batchproof.engine.text.tokenizer import Tokenizer, incremental_utf8_decoder
 
 

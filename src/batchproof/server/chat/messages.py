@@ -6,7 +6,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from batchproof.engine.model_front import ModelFront
+from batchproof.engine.model.front import ModelFront
 from batchproof.engine.text.chat_template import TemplateError
 from batchproof.server.engine_client import EngineClient
 from batchproof.server.errors import APIError

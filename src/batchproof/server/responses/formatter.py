@@ -26,7 +26,6 @@ from batchproof.server.tools import reply as tool_reply
 from batchproof.server.tools.choice import ToolPlan
 from batchproof.server.weight_versions import reply_versions
 
-
 # A reply that did not end by itself, as OpenAI's `incomplete_details.reason` (status and item
 # `incomplete`): cut by max_output_tokens, or aborted (/abort_requests, a pause in abort mode:
 # ours, as chat's finish_reason "abort" is vLLM's).

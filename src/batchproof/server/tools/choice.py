@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from batchproof.engine.grammar import compile as grammars
-from batchproof.engine.grammar.constraint import Constraint
+from batchproof.engine.sampling.constraint import Constraint
 from batchproof.engine.text.chat_template import ChatTemplate
 from batchproof.engine.text.tokenizer import Tokenizer
 from batchproof.server.errors import APIError, shown

@@ -11,7 +11,7 @@ from typing import Protocol
 import torch
 
 from batchproof.engine.cache.kv_cache import KVCache
-from batchproof.engine.logprobs import Normalizer, TopK
+from batchproof.engine.sampling.logprobs import Normalizer, TopK
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class Ops(Protocol):
     # numerics match must answer identically (hashed into /v1/server_info's numerics_id).
     numerics: str
     batches_prefill: bool  # several prompts may share a prefill call without changing a bit
-    num_threads: int  # CPU threads a call may use; the engine sets it each step (engine/threads.py)
+    num_threads: int  # CPU threads a call may use; the engine sets it each step (engine/model/ops/threads.py)
     # A position's keys, values and hidden state are the same bits however the prompt was
     # cut into chunks and whichever path (prefill or decode) computed them, so they may be
     # stored and reused by another request (the prefix cache).

@@ -6,10 +6,10 @@ no padding."""
 import torch
 
 from batchproof.engine.cache.kv_cache import KVCache
-from batchproof.engine.logprobs import Normalizer, TopK
 from batchproof.engine.model.ops import kernels, torch_ops
 from batchproof.engine.model.ops.base import HeadLayout, RopeTables
 from batchproof.engine.model.weights import QuantWeight, RawTensor, quant_weight
+from batchproof.engine.sampling.logprobs import Normalizer, TopK
 
 # The architectures whose decode layer layers.c runs: pre-norm, fused QKV (bias optional),
 # per-head Q/K norms (qwen3, gemma3), post-norms, SiLU or GELU-tanh, per-layer RoPE tables and

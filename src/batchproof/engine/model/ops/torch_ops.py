@@ -9,11 +9,11 @@ not invariant).
 import torch
 import torch.nn.functional as F
 
-from batchproof.engine import logprobs, sampler
 from batchproof.engine.cache.kv_cache import KVCache
-from batchproof.engine.logprobs import Normalizer, TopK
 from batchproof.engine.model.ops.base import HeadLayout, RopeTables
 from batchproof.engine.model.weights import QuantWeight, RawTensor, quant_weight
+from batchproof.engine.sampling import logprobs, sampler
+from batchproof.engine.sampling.logprobs import Normalizer, TopK
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

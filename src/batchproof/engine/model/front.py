@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from batchproof.engine.config import EngineConfig
+from batchproof.engine.model.errors import ModelLoadError
 from batchproof.engine.model.source import model_source
 from batchproof.engine.model.spec import ModelText
 from batchproof.engine.text.chat_formats import NoChatTemplate, choose_chat_template
@@ -14,6 +15,18 @@ from batchproof.engine.text.chat_template import ChatTemplate
 from batchproof.engine.text.tokenizer import Tokenizer
 
 DEFAULT_MAX_MODEL_LEN = 8192
+
+
+
+def read_chat_template(path: Path | None) -> tuple[str, str] | None:
+    """--chat-template's text and where it came from; a file we cannot read is a load error."""
+    if path is None:
+        return None
+    try:
+        return path.read_text(encoding="utf-8"), f"--chat-template {path}"
+    except (OSError, UnicodeDecodeError) as e:
+        reason = getattr(e, "strerror", None) or e
+        raise ModelLoadError(f"{path}: cannot read the chat template ({reason})") from None
 
 
 @dataclass(frozen=True)
@@ -33,7 +46,7 @@ class ModelFront:
         template, origin = choose_chat_template(
             template_source, tokenizer.special_spellings(),
             bos_token=spelling(tokenizer.ids.bos_id), eos_token=spelling(tokenizer.ids.eos_id),
-            override=config.chat_template, file_origin=template_origin,
+            override=read_chat_template(config.chat_template), file_origin=template_origin,
         )
         max_model_len = min(config.max_model_len or DEFAULT_MAX_MODEL_LEN, context_len)
         return cls(model_path, tokenizer, template, origin, max_model_len)

@@ -3,7 +3,7 @@
 from dataclasses import dataclass, field
 from typing import Literal
 
-from batchproof.engine.grammar.constraint import Constraint
+from batchproof.engine.sampling.constraint import Constraint
 
 GREEDY_BELOW = 1e-5  # a temperature under this samples greedily
 

@@ -5,7 +5,7 @@ from collections.abc import Callable
 
 import torch
 
-from batchproof.engine.sampling_params import SamplingParams
+from batchproof.engine.sampling.params import SamplingParams
 
 NEG_INF = float("-inf")
 

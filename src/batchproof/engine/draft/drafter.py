@@ -3,8 +3,8 @@ acceptance pays for, and its counts (proposed, accepted) for /metrics and the lo
 
 from collections.abc import Callable
 
-from batchproof.engine.speculative.cost import expected_accepted, step_cost
-from batchproof.engine.speculative.lookup import NgramIndex
+from batchproof.engine.draft.cost import expected_accepted, step_cost
+from batchproof.engine.draft.lookup import NgramIndex
 
 # Draft lengths tried: k drafted tokens make a step of k + 1 rows, and 2, 4, 8 and 16 rows are
 # where the kernels' row tiles are full (cost.py): 5 rows cost nearly as much as 8.
