@@ -48,7 +48,7 @@ class Llguidance:
     name = "llguidance"
 
     def __init__(self, tokenizer: Tokenizer, threads: int) -> None:
-        from batchproof.engine.grammar.tokenizer import grammar_tokenizer
+        from batchproof.engine.grammar.vocabulary import grammar_tokenizer
         self.tokenizer, self.llt = tokenizer, grammar_tokenizer(tokenizer)
 
     def compile(self, schema: dict):

@@ -86,9 +86,10 @@ def test_verify_keeps_the_model_s_token_at_the_first_miss_and_counts_only_the_ac
     a, b, c, x = words(engine, " cat dog cow fox")
     seq = decoding(engine, SamplingParams(temperature=0.0, max_tokens=16, top_logprobs=1))
     fed = seq.num_tokens  # positions once the last token is fed: 0..fed-1
-    (out,) = verify(own_outputs(engine), [seq], [[a, b, c]], choosing(engine, a, x, c, a))
+    verified = verify(own_outputs(engine), [seq], [[a, b, c]], choosing(engine, a, x, c, a))
+    (out,) = verified.outputs
     assert out.token_ids == [a, x] and seq.output_ids[-2:] == [a, x]
-    assert seq.num_computed == fed + 1  # the last token's position and a's, not b's
+    assert verified.num_computed == [fed + 1]  # the last token's position and a's, not b's
     assert (out.num_draft_tokens, out.num_accepted_tokens) == (3, 1)
 
 
@@ -98,15 +99,16 @@ def test_verify_stops_at_a_stop_string_inside_an_accepted_run(engine):
     ends at b (it straddles the cut, so it is kept) and c's row is never read, though b matched
     its draft.
 
-    catches: verify.py going on past a finished sequence (the `seq.status is not
-    Status.FINISHED` test left out): it then reads c's row for a reply that has ended."""
+    catches: verify.py going on past a finished sequence (the `not seq.is_finished` test
+    left out): it then reads c's row for a reply that has ended."""
     a, b, c = words(engine, " cat dog cow")
     seq = decoding(engine, SamplingParams(temperature=0.0, max_tokens=16, top_logprobs=1, stop=("dog",)))
     fed = seq.num_tokens
-    (out,) = verify(own_outputs(engine), [seq], [[a, b, c]], choosing(engine, a, b, c, a))
+    verified = verify(own_outputs(engine), [seq], [[a, b, c]], choosing(engine, a, b, c, a))
+    (out,) = verified.outputs
     assert out.finish_reason == "stop" and out.token_ids == [a, b] and seq.output_ids[-2:] == [a, b]
-    assert out.text == " cat " and seq.status is Status.FINISHED
-    assert seq.num_computed == fed + 1
+    assert out.text == " cat " and seq.is_finished
+    assert verified.num_computed == [fed + 1]
 
 
 @needs_kernels
@@ -177,7 +179,7 @@ def test_max_tokens_inside_a_kept_run_ends_where_plain_decoding_does(drafting, p
 
 @needs_kernels
 def test_a_stop_string_inside_a_kept_run_ends_where_plain_decoding_does(drafting, plain):
-    """catches: verify.py going on past a finished sequence (its `Status.FINISHED` test left
+    """catches: verify.py going on past a finished sequence (its `not seq.is_finished` test left
     out), which today only a step whose draft runs past the stop string shows."""
     ids = chat(drafting, COPY)
     params = greedy(64, stop=(STOP,), cache_namespace=None)
@@ -274,7 +276,7 @@ def test_a_finished_sequence_awaiting_retirement_leaves_no_old_key_across_a_keep
     weights' keys), the weights are swapped in keep mode. The same prompt then finds nothing
     cached and gets the bits of a fresh engine on the new weights.
 
-    catches: weight_versions.refeed returning for a finished sequence before it zeroes
+    catches: Engine._refeed returning for a finished sequence before it zeroes
     `num_computed`: its retirement then stores the old keys in the new weights' cache."""
     old_path, new_path = tiny_pair
     swapped, fresh = tiny(old_path), tiny(new_path)

@@ -17,7 +17,7 @@ from batchproof.engine.grammar import compile as grammars
 from batchproof.engine.grammar import gbnf, matchers, state
 from batchproof.engine.grammar.matchers import compiled_matchers
 from batchproof.engine.grammar.state import GRAMMAR_WORKERS, GrammarState, unpack_mask
-from batchproof.engine.grammar.tokenizer import _OurTokenizer, end_ids, grammar_tokenizer
+from batchproof.engine.grammar.vocabulary import _OurTokenizer, end_ids, grammar_tokenizer
 from batchproof.engine.sampling.constraint import Constraint
 from batchproof.engine.sampling.params import SamplingParams
 

@@ -20,7 +20,7 @@ from batchproof.engine.memory import hand_back_large_blocks, prefill_heap, trim_
 from batchproof.engine.model.errors import ModelLoadError
 from batchproof.engine.model.front import ModelFront
 from batchproof.engine.model.known_models import resolve_model
-from batchproof.engine.model.ops import KernelOps, choose_ops, kernels
+from batchproof.engine.model.ops import KernelOps, Ops, choose_ops, kernels
 from batchproof.engine.model.ops.threads import ThreadShare, read_machine
 from batchproof.engine.model.source import model_source, pinned_files
 from batchproof.engine.model.spec import ModelSpec
@@ -30,12 +30,12 @@ from batchproof.engine.runner import ModelRunner
 from batchproof.engine.sampling.params import SamplingParams
 from batchproof.engine.sampling.sampler import logit_bias_row
 from batchproof.engine.scheduler import ScheduledStep, Scheduler
-from batchproof.engine.sequence import RequestOutput, Sequence, Status
+from batchproof.engine.sequence import RequestOutput, Sequence
 from batchproof.engine.speculative.propose import propose
 from batchproof.engine.speculative.verify import verify
 from batchproof.engine.text.text_stream import TextStream
 from batchproof.engine.text.tokenizer import Tokenizer
-from batchproof.engine.weight_versions import default_version, label, refeed
+from batchproof.engine.weight_versions import default_version, first_mark, label, mark_version
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PREFIX_BLOCK_TOKENS = 16  # vLLM's default block: fine enough that a shared system prompt loses < 16 tokens
@@ -105,7 +105,7 @@ class Engine:
         # The model's facts, held once: the tokenizer, chat format and context length are read from it.
         self.front = ModelFront.from_text(model_file.path, source.text(model_file), config)
         with torch.inference_mode():
-            self.model = Transformer.from_model_file(model_file, self.device, self.dtype, self.max_model_len, ops)
+            model = Transformer.from_model_file(model_file, self.device, self.dtype, self.max_model_len, ops)
         del model_file
         trim_heap()  # what building the tokenizer and reading the file dropped
         s = self.spec
@@ -117,8 +117,9 @@ class Engine:
         self.weights_loaded_at = time.time()
         # The one owner of the slots and the prefix cache: the scheduler takes and gives back
         # slots through it, the runner asks it around each prompt's prefill.
-        self.caches = CacheManager(kv, self._prefix_cache())
-        self.runner = ModelRunner(self.model, self.caches, config.max_batch, config.max_prefill_tokens)
+        self.caches = CacheManager(kv, self._prefix_cache(ops))
+        # The model, held once: the runner's (a swap replaces it there).
+        self.runner = ModelRunner(model, self.caches, config.max_batch, config.max_prefill_tokens)
         self.scheduler = Scheduler(self.caches, config.max_prefill_tokens, config.prefill_share)
         self.end_ids = self.tokenizer.ids.end_of_turn_ids
         self.load_time_s = time.perf_counter() - started
@@ -169,26 +170,46 @@ class Engine:
             raise RuntimeError("weights are replaced only while no sequence runs or waits")
         # The fused kernel's description is keyed by the weights' identity (never an address a
         # freed model can pass on): the next decode step describes the new ones.
-        self.model = self.runner.model = prepared.model
+        self.runner.model = prepared.model
         self.model_path, self.model_sha256 = prepared.path, prepared.sha256
         self.weight_version = version or default_version(prepared.sha256)
         self.weights_loaded_at = time.time()
-        self.caches.prefix_cache = self._prefix_cache()
+        self.caches.prefix_cache = self._prefix_cache(self.model.ops)
         # Ended ones still holding a slot too: their old keys must not reach the new cache.
         live = {id(s): s for s in [*self.scheduler.running, *self._sequences.values()]}.values()
-        return sum(refeed(seq, self.weight_version) for seq in live)
+        return sum(self._refeed(seq) for seq in live)
+
+    def _refeed(self, seq: Sequence) -> bool:
+        """The weights under `seq` changed mid-generation (a keep swap): whatever its slot holds
+        was computed by the old ones. A sequence still going on feeds its whole prefix again (a
+        prompt part-way through prefill starts over, as if it arrived now; one with a reply so
+        far refills it), its next tokens marked with the new version; one that has ended,
+        awaiting retirement, keeps nothing, so no old key reaches the new weights' prefix cache.
+        True if it computes again something it had computed."""
+        had_computed = seq.num_computed > 0
+        going = not (seq.is_finished or seq.is_aborted)
+        refill = going and bool(seq.output_ids)
+        self.caches.drop_reused(seq)  # copied from the old weights' cache: its prefill asks the new one
+        self.runner.restart(seq, refill)
+        if going:
+            mark_version(seq, self.weight_version)
+        return going and (had_computed or refill)
 
     @property
     def prefix_cache(self) -> PrefixCache | None:
         """The cache manager's (its counters and bytes go to /metrics)."""
         return self.caches.prefix_cache
 
-    def _prefix_cache(self) -> PrefixCache | None:
+    @property
+    def model(self) -> Transformer:
+        return self.runner.model
+
+    def _prefix_cache(self, ops: Ops) -> PrefixCache | None:
         """Only where a position's bits cannot depend on who computed it (our kernels)."""
-        if not self.config.prefix_cache or not self.model.ops.reuses_prefixes:
+        if not self.config.prefix_cache or not ops.reuses_prefixes:
             return None
         # The key's seed names everything that shapes the bits: model file, weights, kernels.
-        identity = f"{self.model_sha256}|{self.weights}|{self.config.dtype}|{self.model.ops.numerics}"
+        identity = f"{self.model_sha256}|{self.weights}|{self.config.dtype}|{ops.numerics}"
         return PrefixCache(PREFIX_BLOCK_TOKENS, self.config.prefix_cache_mb * 2**20, identity)
 
     # --- requests --------------------------------------------------------------------
@@ -202,13 +223,16 @@ class Engine:
             generator = torch.Generator().manual_seed(secrets.randbits(63))
         else:
             generator = None
-        seq = Sequence(request_id, list(prompt_ids), params, TextStream(self.tokenizer, params.stop), generator,
-                       logit_bias=logit_bias_row(params.logit_bias, self.tokenizer.vocab_size))
-        if self.is_speculative and params.max_tokens > 1:
-            seq.drafter = Drafter(seq.prompt_ids, self.config.max_draft_tokens, self.step_cost)
-        if params.constraint is not None and params.max_tokens:  # (scoring alone chooses no token)
-            seq.grammar = GrammarState(self.tokenizer, params.constraint.grammar)
-        seq.weight_versions = [(0, self.weight_version)]
+        prompt_ids = list(prompt_ids)
+        seq = Sequence(
+            request_id, prompt_ids, params, TextStream(self.tokenizer, params.stop), generator,
+            logit_bias=logit_bias_row(params.logit_bias, self.tokenizer.vocab_size),
+            drafter=(Drafter(prompt_ids, self.config.max_draft_tokens, self.step_cost)
+                     if self.is_speculative and params.max_tokens > 1 else None),
+            # (scoring alone chooses no token, so it needs no matcher)
+            grammar=(GrammarState(self.tokenizer, params.constraint.grammar)
+                     if params.constraint is not None and params.max_tokens else None),
+            weight_versions=first_mark(self.weight_version))
         self._sequences[request_id] = seq
         self.scheduler.add(seq)
 
@@ -227,7 +251,7 @@ class Engine:
 
     def abort(self, request_id: str) -> None:
         seq = self._sequences.get(request_id)
-        if seq is not None and seq.status is not Status.FINISHED:
+        if seq is not None and not seq.is_finished:
             seq.is_aborted = True
             if seq.grammar is not None:  # a compile or mask no worker has begun is dropped
                 seq.grammar.cancel()
@@ -267,7 +291,9 @@ class Engine:
             seqs, logits, prompt_records, drafts = self._forward(scheduled)
             self.scheduler.observe(scheduled, time.perf_counter() - started)
             if any(drafts):  # each sequence's rows read in order, as far as its draft holds
-                outputs += verify(self.outputs, seqs, drafts, logits)
+                verified = verify(self.outputs, seqs, drafts, logits)
+                self.runner.accept(seqs, verified.num_computed)
+                outputs += verified.outputs
             elif seqs:  # a prefill step that completed no prompt chooses nothing
                 outputs += self.outputs.process(seqs, logits, prompt_records)
             if scheduled.decode:  # what its rows cost, choosing their tokens included, drafting not
@@ -297,6 +323,8 @@ class Engine:
         whom to run leaves every running sequence in an unknown state: they all fail."""
         failed = self._stepping or list(self.scheduler.running)
         self._stepping = []
+        for seq in failed:  # its keys and values may be half written
+            self.runner.discard(seq)
         return self._forget_finished([self.outputs.fail(seq, message) for seq in failed])
 
     def _forget_finished(self, outputs: list[RequestOutput]) -> list[RequestOutput]:

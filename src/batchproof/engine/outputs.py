@@ -19,7 +19,7 @@ from batchproof.engine.sampling.sampler import (
     greedy_tokens,
     processed_logits,
 )
-from batchproof.engine.sequence import RequestOutput, Sequence, Status
+from batchproof.engine.sequence import RequestOutput, Sequence
 from batchproof.engine.text.text_stream import TextDelta
 
 
@@ -205,7 +205,6 @@ class OutputProcessor:
 
     def _finish(self, seq: Sequence, delta: TextDelta) -> RequestOutput:
         tail = seq.text.finish() if seq.error is None else TextDelta()
-        seq.status = Status.FINISHED
         if seq.grammar is not None:  # a mask begun for a token that will never come
             seq.grammar.cancel()
         return self._output(seq, TextDelta(delta.text + tail.text, delta.records + tail.records,
@@ -222,11 +221,11 @@ class OutputProcessor:
         )
 
     def fail(self, seq: Sequence, message: str) -> RequestOutput:
-        """End a sequence whose step raised. Its keys and values may be half written, so none
-        of them reaches the prefix cache when the scheduler retires it."""
+        """End a sequence whose step raised (the runner has discarded what its slot holds, so none
+        of it reaches the prefix cache when the scheduler retires it)."""
+        finished_inside = seq.is_finished  # it finished inside the failed step, whose outputs are lost
         seq.error, seq.finish_reason = message, "error"
-        seq.num_computed = 0
-        if seq.status is Status.FINISHED:  # it finished inside the failed step, whose outputs are lost
+        if finished_inside:
             return self._output(seq, TextDelta())
         return self._finish(seq, TextDelta())
 

@@ -62,11 +62,8 @@ class ModelRunner:
         """Its opening blocks from the prefix cache (and their prompt records, when it scores).
         A refill (a keep-mode weight swap) computes every position afresh and scores nothing: its
         prompt was scored, if asked, under the weights that chose its first token."""
-        if seq.is_refilling:
-            reused = Reused()
-        else:  # copied at admission (a prefill started over after a weight swap asks again)
-            reused = seq.reused if seq.reused is not None else self.caches.reuse(seq)
-        seq.reused = None
+        # Copied at admission (a prefill started over after a weight swap asks again).
+        reused = Reused() if seq.is_refilling else self.caches.take_reused(seq)
         scored: list = [None, *reused.records]  # nothing predicts a first token
         size = self.max_prefill_tokens
         for start, rows in reused.unscored:
@@ -138,6 +135,27 @@ class ModelRunner:
         for seq in seqs:
             seq.num_computed = seq.num_tokens
         return self.model.logits(hidden, out=self._logits_buffer(hidden.shape[0]))[:num_real].cpu()
+
+    # --- what a slot holds, changed from outside a forward pass --------------------------
+
+    def accept(self, seqs: list[Sequence], num_computed: list[int]) -> None:
+        """After a speculative step: each sequence's valid positions, the last fed token's and
+        its accepted drafts' (past them, the rejected drafts' keys are overwritten next step
+        and never reach the prefix cache)."""
+        for seq, n in zip(seqs, num_computed):
+            seq.num_computed = n
+
+    def discard(self, seq: Sequence) -> None:
+        """Its step raised: its keys and values may be half written, so none counts as computed
+        (the prefix cache keeps nothing of it when it is retired)."""
+        seq.num_computed = 0
+
+    def restart(self, seq: Sequence, refill: bool) -> None:
+        """The weights under it changed (a keep swap): nothing in its slot counts; its prompt
+        (and, with `refill`, its reply so far) is fed again from position 0 before it goes on."""
+        seq.num_computed = 0
+        seq.prefill = None
+        seq.is_refilling = refill
 
     def _logits_buffer(self, rows: int) -> torch.Tensor:
         """[rows, V], the same memory every decode step: the step's logits are read before the

@@ -102,7 +102,7 @@ class Scheduler:
     def retire(self) -> list[Sequence]:
         """The aborted and finished leave: running ones give their slots back."""
 
-        retired = [s for s in self.running if s.is_aborted or s.status is Status.FINISHED]
+        retired = [s for s in self.running if s.is_aborted or s.is_finished]
         for seq in retired:
             self.caches.free_slot(seq)
             seq.status = Status.FINISHED

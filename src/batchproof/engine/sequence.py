@@ -140,6 +140,11 @@ class Sequence:
         return self.num_computed < self.prefill_len
 
     @property
+    def is_finished(self) -> bool:
+        """It has chosen its last token (outputs.py set why); the scheduler retires it next."""
+        return self.finish_reason is not None
+
+    @property
     def wants_records(self) -> bool:
         return self.params.top_logprobs is not None
 

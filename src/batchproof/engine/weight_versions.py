@@ -1,7 +1,7 @@
 """Which weights chose each token: a label per installed model, kept on each sequence as the
 output index where each version began, and stamped on every delta as spans over the reply."""
 
-from batchproof.engine.sequence import RequestOutput, Sequence, Status, VersionSpan
+from batchproof.engine.sequence import RequestOutput, Sequence, VersionSpan
 
 # A version defaults to the first 16 hex digits of the served bytes' sha256 (64 bits: two
 # checkpoints of one run do not collide; /weight_info gives the whole hash beside it).
@@ -35,21 +35,15 @@ def label(out: RequestOutput, seq: Sequence) -> None:
                           else seq.weight_versions[-1][1])
 
 
-def refeed(seq: Sequence, version: str) -> bool:
-    """The weights under `seq` changed mid-generation (a keep-mode swap): whatever its slot holds
-    was computed by the old ones. A sequence still going on feeds its whole prefix again (a
-    prompt part-way through prefill starts over, as if it arrived now); one that has ended,
-    awaiting retirement, keeps nothing, so no old key reaches the new weights' prefix cache.
-    True if it had computed anything that it now computes again."""
-    had_computed = seq.num_computed > 0
-    seq.num_computed = 0
-    seq.prefill = None
-    seq.reused = None  # copied from the old weights' cache: a prefill starting over asks the new one
-    if seq.status is Status.FINISHED or seq.is_aborted:
-        return False
+def first_mark(version: str) -> list[tuple[int, str]]:
+    """A new sequence's marks: every output token so far (none) chosen by `version`."""
+    return [(0, version)]
+
+
+def mark_version(seq: Sequence, version: str) -> None:
+    """From its next output token on, `version` chooses (a keep swap): a reply so far keeps
+    its marks; one with no output yet is all the new version's."""
     if seq.output_ids:
-        seq.is_refilling = True
         seq.weight_versions.append((len(seq.output_ids), version))
     else:
-        seq.weight_versions = [(0, version)]
-    return had_computed or seq.is_refilling
+        seq.weight_versions = first_mark(version)

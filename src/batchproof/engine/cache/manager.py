@@ -48,6 +48,17 @@ class CacheManager:
         seq.reused = self.reuse(seq)
         return True
 
+    def take_reused(self, seq: Sequence) -> Reused:
+        """What admission copied into seq's slot for its prefill (asked again if it was dropped:
+        a prefill started over after a keep swap), handed over once."""
+        reused = seq.reused if seq.reused is not None else self.reuse(seq)
+        seq.reused = None
+        return reused
+
+    def drop_reused(self, seq: Sequence) -> None:
+        """What admission copied came from weights no longer served (a keep swap)."""
+        seq.reused = None
+
     def to_be_stored(self, seq: Sequence, feeding: Sequence) -> int:
         """How many of seq's prompt tokens, beyond what the cache holds now, `feeding` (a prompt
         being prefilled, in the same namespace) will store when its prefill ends: the whole

@@ -10,7 +10,7 @@ from concurrent.futures import Future
 
 from llguidance import LLMatcher, LLParserLimits
 
-from batchproof.engine.grammar.tokenizer import grammar_tokenizer
+from batchproof.engine.grammar.vocabulary import grammar_tokenizer
 from batchproof.engine.text.tokenizer import Tokenizer
 
 # llguidance's default bounds on a grammar's size and on the work of one step's mask: the same

@@ -4,16 +4,26 @@ decoding, so each emitted token, record, grammar step and random draw is the one
 makes at that position; a sequence stops at the first position whose chosen token is not the
 drafted one (that token, the model's own, is kept) or where it finishes."""
 
+from dataclasses import dataclass
+
 import torch
 
 from batchproof.engine.outputs import OutputProcessor
-from batchproof.engine.sequence import RequestOutput, Sequence, Status
+from batchproof.engine.sequence import RequestOutput, Sequence
+
+
+@dataclass
+class Verified:
+    outputs: list[RequestOutput]  # one per sequence, its positions' deltas joined
+    # Each sequence's valid positions, for the runner (ModelRunner.accept): the last fed token's
+    # and the accepted drafts'. Past them (rejected drafts) nothing counts as computed, so the
+    # next step overwrites those positions and the prefix cache never keeps them.
+    num_computed: list[int]
 
 
 def verify(outputs: OutputProcessor, seqs: list[Sequence], drafts: list[list[int]],
-           logits: torch.Tensor) -> list[RequestOutput]:
-    """logits [sum(len(d) + 1), V]: seqs[i]'s rows together, in order (ModelRunner.decode) -> one
-    output per sequence (its positions' deltas joined)."""
+           logits: torch.Tensor) -> Verified:
+    """logits [sum(len(d) + 1), V]: seqs[i]'s rows together, in order (ModelRunner.decode)."""
     starts = torch.tensor([0, *(len(d) + 1 for d in drafts)]).cumsum(0).tolist()
     last_positions = [seq.num_tokens - 1 for seq in seqs]
     merged: dict[int, RequestOutput] = {}
@@ -28,20 +38,18 @@ def verify(outputs: OutputProcessor, seqs: list[Sequence], drafts: list[list[int
         for i, out in zip(active, step_outputs):
             merged[i] = _join(merged[i], out) if i in merged else out
             seq = seqs[i]
-            if at < len(drafts[i]) and seq.status is not Status.FINISHED and seq.output_ids[-1] == drafts[i][at]:
+            if at < len(drafts[i]) and not seq.is_finished and seq.output_ids[-1] == drafts[i][at]:
                 num_accepted[i] += 1
                 going.append(i)
         active, at = going, at + 1
     for i, seq in enumerate(seqs):
-        # The keys and values written for accepted drafts are the ones decoding them would
-        # write; past them (rejected drafts) nothing counts as computed, so the next step
-        # overwrites those positions and the prefix cache never keeps them.
-        seq.num_computed = last_positions[i] + 1 + num_accepted[i]
         if drafts[i]:
             seq.drafter.observe(len(drafts[i]), num_accepted[i])
             merged[i].num_draft_tokens = seq.drafter.num_proposed
             merged[i].num_accepted_tokens = seq.drafter.num_accepted
-    return [merged[i] for i in range(len(seqs))]
+    # The keys and values written for accepted drafts are the ones decoding them would write.
+    return Verified([merged[i] for i in range(len(seqs))],
+                    [last + 1 + accepted for last, accepted in zip(last_positions, num_accepted)])
 
 
 def _join(first: RequestOutput, then: RequestOutput) -> RequestOutput:
