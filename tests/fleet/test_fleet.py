@@ -18,7 +18,7 @@ from batchproof.check.contract import shipped_contract_text
 from batchproof.cli import main
 from batchproof.engine.model.default_model import default_model_path
 from tests.helpers.fleet import listeners, running_fleet
-from tests.helpers.http import chat_body, parse_sse, wait_until
+from tests.helpers.http import assert_error, chat_body, parse_sse, wait_until
 from tests.helpers.probe_matrix import SHORT_MATRIX
 
 pytest.importorskip("ray.serve")
@@ -84,6 +84,15 @@ def test_errors_are_the_single_servers(fleet, server) -> None:
                        ("/v1/chat/completions", chat_body("hi", model="nope"))]:
         ours, theirs = (httpx.post(f"{url}{path}", json=body, timeout=30) for url in (fleet.url, server.url))
         assert (ours.status_code, ours.json()) == (theirs.status_code, theirs.json())
+
+
+def test_the_trainer_routes_are_a_501_through_the_router(fleet) -> None:
+    """The router's Backend has no WeightControl (each replica holds its own weights and queue):
+    what only reads it is a 501 in OpenAI's envelope, as load_weights is (tests/server/test_weight_control.py)."""
+    for path in ("/weight_info", "/is_paused"):
+        error = assert_error(httpx.get(fleet.url + path, timeout=30), 501, param=None,
+                             mentions=(f"{path} runs on a single engine",))
+        assert error["type"] == "not_implemented_error"
 
 
 def test_info_health_and_metrics(fleet, server) -> None:

@@ -13,7 +13,7 @@ import uvicorn
 from batchproof.engine.config import EngineConfig
 from batchproof.server.app import create_app
 from batchproof.server.config import ServerConfig
-from batchproof.server.connections import uvicorn_config
+from batchproof.server.guards.connections import uvicorn_config
 
 
 @dataclass
@@ -34,7 +34,7 @@ def live_server(engine=None, wait_ready: bool = True, **server_settings) -> Iter
     config = ServerConfig(host="127.0.0.1", port=0, **server_settings)
     engine_config = EngineConfig(device="cpu", **engine_settings)
     app = create_app(config, engine_config, engine=engine)
-    # The served protocol and bounds (server/connections.py), as `batchproof serve` runs them.
+    # The served protocol and bounds (server/guards/connections.py), as `batchproof serve` runs them.
     server = uvicorn.Server(uvicorn_config(app, "127.0.0.1", 0))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -15,8 +15,8 @@ from batchproof.common.config import ConfigError
 from batchproof.engine.config import EngineConfig
 from batchproof.engine.model.known_models import resolve_model
 from batchproof.server.app import create_app
-from batchproof.server.auth import server_api_keys
 from batchproof.server.config import ServerConfig
+from batchproof.server.guards.auth import server_api_keys
 from tests.helpers.http import assert_error, chat_body, parse_sse, post, streamed_chat, wait_until
 from tests.helpers.live_server import live_server
 

@@ -5,8 +5,9 @@ import httpx
 import openai
 import pytest
 
-from batchproof.server.protocol import ChatCompletionRequest, CompletionRequest
-from batchproof.server.unsupported_fields import IGNORED_FIELDS
+from batchproof.server.chat.protocol import ChatCompletionRequest
+from batchproof.server.completions.protocol import CompletionRequest
+from batchproof.server.request.unsupported_fields import IGNORED_FIELDS
 from tests.helpers.http import ASCII_PROMPT, assert_error, chat_body, post
 
 CHAT = "/v1/chat/completions"

@@ -7,17 +7,14 @@ import json
 import pytest
 from pydantic import BaseModel
 
-from batchproof.server import precount as counting
+from batchproof.server.admin import TokenizeRequest
+from batchproof.server.chat.protocol import ChatCompletionRequest
+from batchproof.server.completions.protocol import CompletionRequest
 from batchproof.server.config import ServerConfig
 from batchproof.server.errors import APIError
-from batchproof.server.host_check import RequireKnownHost, allowed_hosts
-from batchproof.server.protocol import (
-    MAX_METADATA_PAIRS,
-    MAX_TOOLS,
-    ChatCompletionRequest,
-    CompletionRequest,
-    TokenizeRequest,
-)
+from batchproof.server.guards import precount as counting
+from batchproof.server.guards.host_check import RequireKnownHost, allowed_hosts
+from batchproof.server.request.protocol import MAX_METADATA_PAIRS, MAX_TOOLS
 from batchproof.server.responses.protocol import ResponsesRequest
 from batchproof.server.state import parse_body
 from tests.helpers.http import assert_error, post

@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from batchproof.engine.grammar import compile as grammars
-from batchproof.server.plan import MAX_STOP_STRING_CHARS, MAX_STOP_TOTAL_CHARS
-from batchproof.server.protocol import MAX_METADATA_KEY_CHARS, MAX_METADATA_PAIRS, MAX_METADATA_VALUE_CHARS
+from batchproof.server.request.plan import MAX_STOP_STRING_CHARS, MAX_STOP_TOTAL_CHARS
+from batchproof.server.request.protocol import MAX_METADATA_KEY_CHARS, MAX_METADATA_PAIRS, MAX_METADATA_VALUE_CHARS
 from batchproof.server.tools.choice import MAX_PARAMETERS_CHARS, MAX_TOOLS, MAX_TOOLS_CHARS
 from tests.helpers.http import assert_error, chat_body, post
 
@@ -102,7 +102,7 @@ def test_consecutive_tool_results_merge_in_linear_time() -> None:
     """140,000 results of 200 characters in one turn: joining each onto the growing turn copied it
     every time (terabytes); joined once, a second. In a child process, so a regression is killed."""
     code = """
-from batchproof.server.protocol import ChatMessage
+from batchproof.server.request.protocol import ChatMessage
 from batchproof.server.tools.prompt import template_messages
 call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
 results = [ChatMessage(role="tool", tool_call_id="c", content=f"{i:0200d}") for i in range(140_000)]
@@ -176,7 +176,7 @@ def test_tool_schemas_are_measured_before_any_grammar_compiles(server, no_compil
 def test_responses_metadata_is_held_to_openais_limits_before_it_is_planned_or_stored(server, engine,
                                                                                     monkeypatch) -> None:
     stored = []
-    monkeypatch.setattr(server.state.responses, "put", lambda *args: stored.append(args))
+    monkeypatch.setattr(server.app.state.responses, "put", lambda *args: stored.append(args))
     monkeypatch.setattr(engine.tokenizer, "encode", _never("tokenizing"))
     huge = {f"k{i:06d}": "" for i in range(100_000)}  # (300,000: refused on the raw bytes, unparsed)
     cases = [huge, {f"k{i}": "" for i in range(MAX_METADATA_PAIRS + 1)},

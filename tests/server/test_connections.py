@@ -1,4 +1,4 @@
-"""Connections cost nothing until they send a request (server/connections.py, body_limit.py):
+"""Connections cost nothing until they send a request (server/guards/connections.py, body_limit.py):
 thousands of idle sockets leave /health and real requests answering; a connection without a
 whole request head, or a body not whole by its deadline, is closed; the bound is on requests in
 flight, not on connections; a graceful exit does not wait for a client still sending. The
@@ -13,10 +13,10 @@ import pytest
 import uvicorn
 
 from batchproof.engine.config import EngineConfig
-from batchproof.server import body_limit, connections
 from batchproof.server.app import create_app
 from batchproof.server.config import ServerConfig
-from batchproof.server.connections import MAX_REQUEST_HEAD_BYTES, raise_open_files_limit, uvicorn_config
+from batchproof.server.guards import body_limit, connections
+from batchproof.server.guards.connections import MAX_REQUEST_HEAD_BYTES, raise_open_files_limit, uvicorn_config
 from tests.helpers.http import chat_body, wait_until
 from tests.helpers.live_server import live_server
 

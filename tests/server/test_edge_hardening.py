@@ -15,6 +15,7 @@ from batchproof.engine.engine import Engine
 from batchproof.server import admin
 from batchproof.server.app import create_app
 from batchproof.server.config import ServerConfig
+from batchproof.server.trainer import load_weights
 from tests.helpers.http import assert_error, chat_body, post, wait_until
 from tests.helpers.live_server import live_server
 
@@ -30,6 +31,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExc
 def test_a_body_not_declared_json_is_a_415_before_it_is_parsed(engine, monkeypatch) -> None:
     parsed = []
     monkeypatch.setattr(admin, "parse_body", lambda *args: parsed.append(args))
+    monkeypatch.setattr(load_weights, "parse_body", lambda *args: parsed.append(args))
     with live_server(engine) as live:
         for content_type in ("text/plain", "application/x-www-form-urlencoded", None):
             headers = {} if content_type is None else {"content-type": content_type}

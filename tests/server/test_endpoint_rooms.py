@@ -1,24 +1,30 @@
-"""The server by endpoint: each endpoint is a package (`chat/`, `completions/`, `responses/`) or
-module (`admin`) that imports what the endpoints share at the server's top and no other
-endpoint, and the shared modules import no endpoint. The few edges between them are listed
-with why. Every import counts, a function's and a type-only one too; the rule is derived from
-the folders, so a new module is covered by where it is put."""
+"""The server by endpoint: each endpoint is a package (`chat/`, `completions/`, `responses/`,
+`trainer/`) or module (`admin`) that imports what the endpoints share (the server's top and its
+shared rooms: guards/, request/, reply/, tools/) and no other endpoint, and the shared modules
+import no endpoint. The few edges between them are listed with why. Every import counts, a
+function's and a type-only one too; the rule is derived from the folders, so a new module is
+covered by where it is put. The rooms' own rule (no loop between any two) is
+tests/server/test_server_rooms.py."""
 
 import ast
 from pathlib import Path
 
 SERVER = Path(__file__).resolve().parents[2] / "src" / "batchproof" / "server"
-ENDPOINTS = ("chat", "completions", "responses", "admin")
+ENDPOINTS = ("chat", "completions", "responses", "admin", "trainer")
 # (importing module, imported endpoint) -> why. Keep it short.
 KNOWN = {
     ("responses.route", "chat"): "the Responses API is a translation planned by chat's plan_chat, one way",
+    ("responses.translate", "chat"): "the Responses request is translated into chat's request, one way",
     ("admin", "chat"): "/tokenize renders messages as the chat route does (chat/messages.py)",
     ("app", "chat"): "the app includes every endpoint's router",
     ("app", "completions"): "the app includes every endpoint's router",
-    ("app", "responses"): "the app includes every endpoint's router",
+    ("app", "responses"): "the app includes every endpoint's router, and gives the Responses API its store",
     ("app", "admin"): "the app includes every endpoint's router",
+    ("app", "trainer"): "the app includes every endpoint's router",
+    ("openapi", "chat"): "the OpenAPI document names every endpoint's request model",
+    ("openapi", "completions"): "the OpenAPI document names every endpoint's request model",
     ("openapi", "responses"): "the OpenAPI document names every endpoint's request model",
-    ("state", "responses"): "the server's state holds the Responses store previous_response_id reads",
+    ("openapi", "admin"): "the OpenAPI document names every endpoint's request model",
 }
 
 
@@ -56,8 +62,8 @@ def imported(module: str) -> set[str]:
 
 def test_the_endpoints_and_the_shared_top_import_no_other_endpoint() -> None:
     modules = server_modules()
-    assert {"chat.route", "chat.plan", "completions.route", "completions.plan", "responses.route", "admin"} <= set(
-        modules)
+    assert {"chat.route", "chat.plan", "chat.protocol", "completions.route", "completions.plan",
+            "completions.protocol", "responses.route", "admin", "trainer.control"} <= set(modules)
     unexpected = []
     for module in modules:
         for name in imported(module):

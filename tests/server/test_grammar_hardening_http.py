@@ -12,7 +12,7 @@ from llguidance import LLParserLimits
 
 from batchproof.engine.grammar import compile as grammars
 from batchproof.engine.grammar import matchers
-from batchproof.server.structured import MAX_SCHEMA_CHARS
+from batchproof.server.request.structured import MAX_SCHEMA_CHARS
 from tests.helpers.http import assert_error, chat_body, post, stream
 
 CHAT = "/v1/chat/completions"

@@ -1,4 +1,4 @@
-"""Large replies are encoded in pieces off the event loop (server/json_body.py): the same bytes
+"""Large replies are encoded in pieces off the event loop (server/reply/json_body.py): the same bytes
 as Starlette's JSONResponse, whatever the shape; the tokenize route and whole replies use it."""
 
 import json
@@ -7,7 +7,7 @@ import random
 import pytest
 from starlette.responses import JSONResponse
 
-from batchproof.server import json_body
+from batchproof.server.reply import json_body
 from tests.helpers.http import post
 
 SCALARS = [0, -1.5, 1e-300, "é\u2028\"x\\", None, True, "", 7, [], {}]

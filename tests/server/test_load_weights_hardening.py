@@ -118,9 +118,9 @@ def test_the_root_must_be_a_directory(tmp_path) -> None:
 
 class NoWeightUpdates:
     """A backend that runs requests and cannot replace weights (as a fleet's router): the
-    running engine's every attribute but the weight swap."""
+    running engine's every attribute but its WeightControl."""
 
-    supports_weight_updates = False
+    control = None
 
     def __init__(self, backend) -> None:
         self._backend = backend
@@ -132,8 +132,8 @@ class NoWeightUpdates:
 
 
 def test_a_backend_that_cannot_load_weights_is_a_501_before_the_body_is_read(engine, root, monkeypatch) -> None:
-    """The Backend protocol says whether weights can be swapped: one that cannot is a 501 naming
-    why, before the body is parsed or a path resolved, and nothing is loaded."""
+    """A Backend without a WeightControl cannot swap weights: a 501 naming why, before the body is
+    parsed or a path resolved, and nothing is loaded."""
     opened = []
     monkeypatch.setattr(engine, "prepare_weights", lambda path: opened.append(path))
     with live_server(engine, allow_weight_updates=True, admin_api_key=KEY, weights_root=root) as live:

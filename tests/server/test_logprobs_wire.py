@@ -7,7 +7,7 @@ import torch
 
 from batchproof.common.wire import ABSENT_LOGPROB, dumps
 from batchproof.engine.sampling.logprobs import build_records
-from batchproof.server.entries import chat_entry
+from batchproof.server.reply.entries import chat_entry
 
 NAN, INF = float("nan"), float("inf")
 

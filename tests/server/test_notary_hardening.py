@@ -17,9 +17,9 @@ from batchproof.engine.model.known_models import resolve_model
 from batchproof.engine.sampling.logprobs import TokenRecord, TopEntry
 from batchproof.engine.sequence import RequestOutput
 from batchproof.notary.records import Rollout
-from batchproof.server import verify_rollouts
 from batchproof.server.errors import APIError
-from batchproof.server.verify_rollouts import scored, weights_that_scored
+from batchproof.server.trainer import verify_rollouts
+from batchproof.server.trainer.verify_rollouts import scored, weights_that_scored
 from tests.helpers.http import wait_until
 from tests.helpers.live_server import live_server
 from tests.server import test_weight_versions

@@ -7,9 +7,10 @@ import json
 import pytest
 from pydantic import BaseModel
 
-from batchproof.server import precount as counting
+from batchproof.server.chat.protocol import ChatCompletionRequest
+from batchproof.server.completions.protocol import CompletionRequest
 from batchproof.server.errors import APIError
-from batchproof.server.protocol import ChatCompletionRequest, CompletionRequest
+from batchproof.server.guards import precount as counting
 from batchproof.server.responses.protocol import ResponsesRequest
 from batchproof.server.state import parse_body
 

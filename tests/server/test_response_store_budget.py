@@ -6,7 +6,7 @@ import gc
 import tracemalloc
 from typing import Any
 
-from batchproof.server.auth import key_id
+from batchproof.server.guards.auth import key_id
 from batchproof.server.responses.store import ENTRY_OVERHEAD_BYTES, ResponseStore
 from tests.helpers.http import post
 from tests.helpers.live_server import live_server
@@ -106,7 +106,7 @@ def test_over_http_one_keys_responses_never_evict_anothers(engine, tmp_path) -> 
     with live_server(engine, api_key_file=keys) as live:
         # ~1.5 KB a response here: four fit in a key's budget, eight of them fill the global one
         store = ResponseStore(budget_bytes=12_000, key_budget_bytes=6_000)
-        live.app.state.server.responses = store
+        live.app.state.responses = store  # the Responses endpoint's own (responses/route.py)
 
         def create(key: str) -> str:
             body = {"input": "Say hi.", "max_output_tokens": 2, "temperature": 0}

@@ -217,7 +217,7 @@ def _two_tool_history(question: str) -> list[dict]:
 def test_auto_is_taught_in_the_servers_own_format_when_the_template_teaches_none(engine) -> None:
     """The system turn describes the tools and the Hermes call syntax; earlier calls in the history are
     spelled as the reply would write them (under required: as the JSON array it generates)."""
-    from batchproof.server.protocol import ChatCompletionRequest
+    from batchproof.server.chat.protocol import ChatCompletionRequest
     from batchproof.server.tools.choice import plan_tools
     from batchproof.server.tools.prompt import template_messages
 

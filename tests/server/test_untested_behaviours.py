@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from batchproof.engine.model.ops import kernels
-from batchproof.server.protocol import ChatMessage
+from batchproof.server.request.protocol import ChatMessage
 from batchproof.server.responses.translate import input_messages
 from batchproof.server.tools.prompt import template_messages
 from tests.helpers.http import EMOJI_PROMPT, chat_body, chunks, post, stream

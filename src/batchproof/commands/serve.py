@@ -19,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def configs(args: argparse.Namespace, command: str) -> tuple[ServerConfig, EngineConfig] | None:
     """The server's and the engine's settings, with the model checked to exist (a name or a
     missing file fails here, before anything starts); None after saying why on stderr."""
-    from batchproof.server.auth import server_api_keys
+    from batchproof.server.guards.auth import server_api_keys
 
     try:
         server_config = dataclass_from_args(ServerConfig, args)
@@ -51,7 +51,7 @@ def run_app(app, server_config: ServerConfig, command: str) -> int:
     restarts the process."""
     import uvicorn
 
-    from batchproof.server.connections import raise_open_files_limit, uvicorn_config
+    from batchproof.server.guards.connections import raise_open_files_limit, uvicorn_config
 
     raise_open_files_limit()
     server = uvicorn.Server(uvicorn_config(app, server_config.host, server_config.port))

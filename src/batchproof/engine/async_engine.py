@@ -68,8 +68,6 @@ class _Deltas:
 class AsyncEngine:
     """One thread owns the engine; everything else talks to it through `_inbox`."""
 
-    supports_weight_updates = True  # load_weights swaps this engine's weights in place
-
     def __init__(self, engine: Engine, batch_window_s: float,
                  on_batch: Callable[[BatchSummary], None] = lambda summary: None, replica_id: str = "",
                  on_failure: Callable[[], None] = lambda: None) -> None:

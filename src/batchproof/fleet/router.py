@@ -76,9 +76,9 @@ class ReplicaReports:
 class FleetBackend:
     """What the server runs requests through when the engines are replicas elsewhere."""
 
-    # Each replica holds its own weights: /v1/load_weights is refused (501) and never calls
-    # load_weights here.
-    supports_weight_updates = False
+    # No WeightControl: each replica holds its own weights and queue, so /v1/load_weights and the
+    # control plane (/pause, /resume, /abort_requests, /is_paused, /weight_info) answer a 501.
+    control = None
 
     def __init__(self, handle, front: ModelFront, reports: ReplicaReports) -> None:
         self._handle = handle.options(stream=True)

@@ -1,27 +1,26 @@
-"""The small routes: models, health, metrics, tokenize, detokenize, server_info, load_weights, and 501s."""
+"""The small routes: models, health, metrics, tokenize, detokenize (and their request models),
+server_info, and 501s. The trainer's routes (load_weights, the control plane, the notary) are in trainer/."""
 
 import time
-from typing import Literal
+from typing import ClassVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, StrictStr
+from pydantic import StrictBool, StrictInt, StrictStr
 from starlette.concurrency import run_in_threadpool
 
-from batchproof.engine.model.errors import ModelLoadError
-from batchproof.server import control
-from batchproof.server.auth import require_admin, tenant
 from batchproof.server.chat.messages import render_chat
 from batchproof.server.errors import APIError
-from batchproof.server.info import numerics_id, server_info, tokenizer_facts
-from batchproof.server.json_body import json_reply
-from batchproof.server.plan import check_model
-from batchproof.server.protocol import DetokenizeRequest, TokenizeRequest
+from batchproof.server.guards.auth import tenant
+from batchproof.server.guards.precount import MAX_LISTED_ITEMS
+from batchproof.server.info import server_info, tokenizer_facts
+from batchproof.server.reply.json_body import json_reply
+from batchproof.server.request.plan import check_model
+from batchproof.server.request.protocol import ChatMessage
+from batchproof.server.request.unsupported_fields import Strict
 from batchproof.server.state import ServerState, parse_body
-from batchproof.server.weights_root import not_loadable, weights_path
 
 router = APIRouter()
-router.include_router(control.router)  # /weight_info, /pause, /resume, /abort_requests
 
 # OpenAI routes we do not serve: a clear 501 naming the path, never a silent 404 or a
 # 200 that lacks logprobs.
@@ -32,6 +31,26 @@ MAX_TOKENIZE_BYTES = 2**20
 TOKENIZE_CONTEXTS = 16
 NOT_IMPLEMENTED = ["/v1/embeddings", "/v1/moderations", "/v1/images/generations",
                    "/v1/audio/speech", "/v1/audio/transcriptions", "/v1/edits"]
+
+
+class TokenizeRequest(Strict):
+    """vLLM's /tokenize (and llama.cpp's `content`)."""
+
+    counted_items: ClassVar[dict[str, int]] = {"messages": MAX_LISTED_ITEMS}
+
+    model: StrictStr | None = None
+    prompt: StrictStr | None = None
+    content: StrictStr | None = None  # llama.cpp's name for prompt
+    messages: list[ChatMessage] | None = None
+    add_generation_prompt: StrictBool = True
+    # As vLLM: the tokenizer's BOS for a prompt (default true); for messages the template writes it (false)
+    add_special_tokens: StrictBool | None = None
+    return_token_strs: StrictBool = False
+
+
+class DetokenizeRequest(Strict):
+    model: StrictStr | None = None
+    tokens: list[StrictInt]
 
 
 def _state(request: Request) -> ServerState:
@@ -158,50 +177,6 @@ async def info(request: Request) -> dict:
                 "max_logit_bias": config.max_logit_bias, "max_request_mb": config.max_request_mb,
                 "prefix_cache_scope": state.prefix_cache_scope}
     return server_info(state.client.info(), state.served_model_name, settings)
-
-
-class LoadWeightsRequest(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid")
-    path: StrictStr  # a checkpoint directory (or GGUF) on the server's machine
-    # The label every reply's tokens will carry (vLLM's name); default: the checkpoint's hash, short.
-    weight_version: StrictStr | None = Field(None, min_length=1, max_length=256)
-    # drain: requests in flight finish on the old weights first; keep: they go on under the new
-    # ones after feeding their prefix again (as while paused in keep mode). docs/weight-versions.md
-    mode: Literal["drain", "keep"] = "drain"
-
-
-@router.post("/v1/load_weights")
-async def load_weights(request: Request) -> dict:
-    """Replace the weights in place (docs/hf-checkpoints.md): off unless --allow-weight-updates,
-    which needs an admin key, and only that key may; only under --weights-root. Requests admitted
-    before the swap finish on the old weights; a checkpoint that cannot replace them is a 400 and
-    the old weights keep serving."""
-    state = _state(request)
-    if not state.config.allow_weight_updates:
-        raise APIError(403, "weight updates are off: start the server with --allow-weight-updates",
-                       type_="permission_error")
-    require_admin(request)
-    _ = state.client  # a 503 while the model loads or after it failed
-    backend = state.backend
-    if not backend.supports_weight_updates:
-        raise APIError(501, "load_weights runs on a single engine, not through a fleet's router",
-                       type_="not_implemented_error")
-    req = parse_body(LoadWeightsRequest, await request.body())
-    if not req.path.strip():
-        raise APIError(400, "'path' is empty", param="path")
-    # Resolving stats files: off the event loop, as a slow disk must not stall every stream.
-    path = await run_in_threadpool(weights_path, state.weights_root, req.path)
-    try:
-        swap = await backend.load_weights(path, req.weight_version, keep=req.mode == "keep")
-    except ModelLoadError as e:
-        raise APIError(400, f"'path' cannot replace the served weights: {e}", param="path") from None
-    except OSError:  # a file could not be opened: said as every other file system state is
-        raise not_loadable(req.path) from None
-    info = backend.engine.info()
-    return {"object": "load_weights", "path": info["model_path"], "model_sha256": info["model_sha256"],
-            "numerics_id": numerics_id(info), "load_s": round(swap.load_s, 4), "drain_s": round(swap.drain_s, 4),
-            "swap_s": round(swap.swap_s, 4), "weight_version": backend.engine.weight_version, "mode": swap.mode,
-            "num_refilled": swap.num_refilled}
 
 
 async def not_implemented(request: Request) -> Response:

@@ -20,22 +20,23 @@ from batchproof.engine.async_engine import AsyncEngine
 from batchproof.engine.config import EngineConfig
 from batchproof.engine.engine import Engine
 from batchproof.engine.model.errors import load_error_message
-from batchproof.server import admin, verify_rollouts
-from batchproof.server.auth import RequireAPIKey, server_api_keys
+from batchproof.server import admin
 from batchproof.server.batch_log import BatchLog
-from batchproof.server.body_limit import BodyLimit
 from batchproof.server.chat import route as chat_route
 from batchproof.server.completions import route as completions_route
 from batchproof.server.config import ServerConfig
-from batchproof.server.connections import ConcurrencyLimit
-from batchproof.server.content_type import RequireJSON
-from batchproof.server.engine_client import Backend
+from batchproof.server.engine_client import Backend, WeightControl
 from batchproof.server.errors import APIError
-from batchproof.server.host_check import RequireKnownHost, allowed_hosts
+from batchproof.server.guards.auth import RequireAPIKey, server_api_keys
+from batchproof.server.guards.body_limit import BodyLimit
+from batchproof.server.guards.connections import ConcurrencyLimit
+from batchproof.server.guards.content_type import RequireJSON
+from batchproof.server.guards.host_check import RequireKnownHost, allowed_hosts
 from batchproof.server.metrics import RequestCounter
 from batchproof.server.openapi import install_openapi
 from batchproof.server.responses import route as responses_route
 from batchproof.server.state import ServerState
+from batchproof.server.trainer import control, load_weights, verify_rollouts
 
 
 class CatchAll:
@@ -71,12 +72,21 @@ class CatchAll:
 StartBackend = Callable[[ServerState, asyncio.AbstractEventLoop], Backend]
 
 
+class LocalBackend(AsyncEngine):
+    """One engine in this process as the server's Backend: it runs requests, and is its own
+    WeightControl (the AsyncEngine swaps its weights, pauses, resumes and aborts)."""
+
+    @property
+    def control(self) -> WeightControl:
+        return self
+
+
 def local_backend(engine: Engine | None = None) -> StartBackend:
     """One engine in this process: `engine` (tests share one), else loaded from the config."""
 
     def start(state: ServerState, loop: asyncio.AbstractEventLoop) -> Backend:
         served = engine or Engine(state.engine_config)
-        async_engine = AsyncEngine(served, state.engine_config.batch_window_ms / 1000, state.batch_log,
+        async_engine = LocalBackend(served, state.engine_config.batch_window_ms / 1000, state.batch_log,
                                    on_failure=lambda: _engine_stopped(state))
         async_engine.start(loop)
         return async_engine
@@ -133,8 +143,10 @@ def create_app(server_config: ServerConfig, engine_config: EngineConfig, engine:
 
     app = FastAPI(title="batchproof", version=__import__("batchproof").__version__, lifespan=lifespan)
     app.state.server = state
-    for module in (chat_route, completions_route, responses_route, admin, verify_rollouts):
+    # In this order, the OpenAPI document lists the routes as it always has.
+    for module in (chat_route, completions_route, responses_route, control, admin, load_weights, verify_rollouts):
         app.include_router(module.router)
+    responses_route.keep_responses(app)
     install_openapi(app)
 
     @app.exception_handler(APIError)

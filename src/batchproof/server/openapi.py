@@ -4,7 +4,9 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-from batchproof.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from batchproof.server.admin import DetokenizeRequest, TokenizeRequest
+from batchproof.server.chat.protocol import ChatCompletionRequest
+from batchproof.server.completions.protocol import CompletionRequest
 from batchproof.server.responses.protocol import ResponsesRequest
 
 REQUEST_MODELS: dict[str, type[BaseModel]] = {

@@ -14,13 +14,13 @@ from batchproof.common.wire import REPLICA_HEADER
 from batchproof.engine.async_engine import ABORTED_BY_REQUEST, Opened
 from batchproof.engine.sequence import RequestOutput
 from batchproof.server.engine_client import Backend
-from batchproof.server.entries import ids_mismatch
 from batchproof.server.errors import APIError, count_mismatch
-from batchproof.server.json_body import json_reply
-from batchproof.server.merge import merge
 from batchproof.server.metrics import Metrics
-from batchproof.server.plan import Plan
-from batchproof.server.reply_formatter import Delta, ReplyFormatter
+from batchproof.server.reply.entries import ids_mismatch
+from batchproof.server.reply.formatter import Delta, ReplyFormatter
+from batchproof.server.reply.json_body import json_reply
+from batchproof.server.reply.merge import merge
+from batchproof.server.request.plan import Plan
 from batchproof.server.state import ServerState
 
 QUEUE_RETRY_AFTER_S = 1

@@ -13,11 +13,10 @@ from batchproof.server.batch_log import BatchLog
 from batchproof.server.config import ServerConfig
 from batchproof.server.engine_client import Backend, EngineClient
 from batchproof.server.errors import APIError, from_validation_error
+from batchproof.server.guards.owners import Owners
+from batchproof.server.guards.precount import precount
 from batchproof.server.metrics import Metrics
-from batchproof.server.owners import Owners
-from batchproof.server.plan import Limits
-from batchproof.server.precount import precount
-from batchproof.server.responses.store import ResponseStore
+from batchproof.server.request.plan import Limits
 
 Model = TypeVar("Model", bound=BaseModel)
 
@@ -40,7 +39,6 @@ class ServerState:
     # non-zero then, so a supervisor restarts it; an app built without it answers 503.
     on_engine_failure: Callable[[], None] | None = None
     weights_root: Path | None = None  # load_weights reads only under it (resolved when the engine starts)
-    responses: ResponseStore = field(default_factory=ResponseStore)  # what previous_response_id continues
     owners: Owners = field(default_factory=Owners)  # who sent each request in flight (/abort_requests)
 
     @property

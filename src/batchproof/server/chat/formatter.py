@@ -4,7 +4,8 @@ import time
 
 from batchproof.engine.sequence import RequestOutput
 from batchproof.engine.text.tokenizer import Tokenizer
-from batchproof.server.entries import (
+from batchproof.server.errors import count_mismatch
+from batchproof.server.reply.entries import (
     chat_entry,
     delta_token_ids,
     end_entry,
@@ -12,11 +13,10 @@ from batchproof.server.entries import (
     reply_token_ids,
     summed_usage,
 )
-from batchproof.server.errors import count_mismatch
-from batchproof.server.reply_formatter import ChunkStream
+from batchproof.server.reply.formatter import ChunkStream
+from batchproof.server.reply.weight_versions import chunk_versions, reply_versions
 from batchproof.server.tools import reply as tool_reply
 from batchproof.server.tools.choice import ToolPlan
-from batchproof.server.weight_versions import chunk_versions, reply_versions
 
 
 class ChatFormatter(ChunkStream):

@@ -10,8 +10,8 @@ from batchproof.engine.model.front import ModelFront
 from batchproof.engine.text.chat_template import TemplateError
 from batchproof.server.engine_client import EngineClient
 from batchproof.server.errors import APIError
-from batchproof.server.plan import check_text_fits
-from batchproof.server.protocol import ChatMessage
+from batchproof.server.request.plan import check_text_fits
+from batchproof.server.request.protocol import ChatMessage
 from batchproof.server.tools import prompt as tool_prompt
 from batchproof.server.tools.choice import ToolPlan
 from batchproof.server.tools.formats import reads_tools, shows_tool_role

@@ -2,12 +2,13 @@
 constraint, and what the engine runs (the Responses route plans through it too)."""
 
 from batchproof.server.chat.messages import chat_prompt_ids, check_messages
+from batchproof.server.chat.protocol import ChatCompletionRequest
 from batchproof.server.chat.token_space import check_continues, token_prompt
 from batchproof.server.errors import APIError
-from batchproof.server.plan import Plan, Wanted, check_model, plan_request
-from batchproof.server.protocol import ChatCompletionRequest, check_metadata
+from batchproof.server.request.plan import Plan, Wanted, check_model, plan_request
+from batchproof.server.request.protocol import check_metadata
+from batchproof.server.request.structured import request_constraint
 from batchproof.server.state import ServerState
-from batchproof.server.structured import request_constraint
 from batchproof.server.tools.choice import ToolPlan, plan_tools
 
 

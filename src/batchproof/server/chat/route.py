@@ -4,11 +4,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
-from batchproof.server.auth import tenant
 from batchproof.server.chat.formatter import ChatFormatter
 from batchproof.server.chat.plan import plan_chat
-from batchproof.server.plan import Plan, logprobs_label
-from batchproof.server.protocol import ChatCompletionRequest
+from batchproof.server.chat.protocol import ChatCompletionRequest
+from batchproof.server.guards.auth import tenant
+from batchproof.server.request.plan import Plan, logprobs_label
 from batchproof.server.serving import reply, submit
 from batchproof.server.state import ServerState, parse_body
 from batchproof.server.tools.choice import ToolPlan

@@ -6,8 +6,8 @@ prime-rl #1352): the trainer then scores tokens the policy never chose. Here tha
 naming the first index that differs, never a 200 on other ids."""
 
 from batchproof.engine.text.tokenizer import Tokenizer
+from batchproof.server.chat.protocol import ChatCompletionRequest, Continuation
 from batchproof.server.errors import APIError, shown
-from batchproof.server.protocol import ChatCompletionRequest, Continuation
 
 CONTEXT_TOKENS = 8  # template text shown on each side of a divergence: enough to see which turn marker
 

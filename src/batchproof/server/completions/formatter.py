@@ -5,7 +5,8 @@ from dataclasses import dataclass
 
 from batchproof.engine.sequence import RequestOutput
 from batchproof.engine.text.tokenizer import Tokenizer
-from batchproof.server.entries import (
+from batchproof.server.errors import count_mismatch
+from batchproof.server.reply.entries import (
     TextOffsets,
     delta_token_ids,
     end_entry,
@@ -15,9 +16,8 @@ from batchproof.server.entries import (
     reply_token_ids,
     summed_usage,
 )
-from batchproof.server.errors import count_mismatch
-from batchproof.server.reply_formatter import ChunkStream
-from batchproof.server.weight_versions import chunk_versions, reply_versions
+from batchproof.server.reply.formatter import ChunkStream
+from batchproof.server.reply.weight_versions import chunk_versions, reply_versions
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,8 @@
 prompt position from `prompt_logprob_start`) checked against the prompt, the vocabulary and the
 server's --max-logprobs, so a bad row is a 400 naming it before anything runs."""
 
+from batchproof.server.completions.protocol import CompletionRequest
 from batchproof.server.errors import APIError, shown
-from batchproof.server.protocol import CompletionRequest
 
 FIELD = "prompt_logprob_token_ids"
 

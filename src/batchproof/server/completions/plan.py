@@ -2,8 +2,9 @@
 of token ids) as token ids, echo and prompt scoring (max_tokens 0) checked, and what the engine runs."""
 
 from batchproof.server.completions.named_scoring import named_rows
+from batchproof.server.completions.protocol import CompletionRequest
 from batchproof.server.errors import APIError
-from batchproof.server.plan import (
+from batchproof.server.request.plan import (
     MAX_COMPLETION_STOP_STRINGS,
     Plan,
     Wanted,
@@ -12,9 +13,9 @@ from batchproof.server.plan import (
     check_text_fits,
     plan_request,
 )
-from batchproof.server.protocol import CompletionRequest, check_metadata
+from batchproof.server.request.protocol import check_metadata
+from batchproof.server.request.structured import request_constraint
 from batchproof.server.state import ServerState
-from batchproof.server.structured import request_constraint
 
 LEGACY_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this route
 

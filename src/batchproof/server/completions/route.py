@@ -5,11 +5,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
-from batchproof.server.auth import tenant
 from batchproof.server.completions.formatter import CompletionsFormatter, CompletionsShape
 from batchproof.server.completions.plan import plan_completions
-from batchproof.server.plan import Plan, logprobs_label
-from batchproof.server.protocol import CompletionRequest
+from batchproof.server.completions.protocol import CompletionRequest
+from batchproof.server.guards.auth import tenant
+from batchproof.server.request.plan import Plan, logprobs_label
 from batchproof.server.serving import reply, submit
 from batchproof.server.state import ServerState, parse_body
 

@@ -20,11 +20,11 @@ from typing import Any
 from batchproof.common.wire import dumps
 from batchproof.engine.sequence import RequestOutput
 from batchproof.engine.text.tokenizer import Tokenizer
-from batchproof.server.entries import chat_entry
 from batchproof.server.errors import APIError, count_mismatch
+from batchproof.server.reply.entries import chat_entry
+from batchproof.server.reply.weight_versions import reply_versions
 from batchproof.server.tools import reply as tool_reply
 from batchproof.server.tools.choice import ToolPlan
-from batchproof.server.weight_versions import reply_versions
 
 # A reply that did not end by itself, as OpenAI's `incomplete_details.reason` (status and item
 # `incomplete`): cut by max_output_tokens, or aborted (/abort_requests, a pause in abort mode:

@@ -5,10 +5,10 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, StrictBool, StrictInt, StrictStr
 
-from batchproof.server.precount import MAX_LISTED_ITEMS
-from batchproof.server.protocol import MAX_METADATA_PAIRS, MAX_TOOLS, JsonSchemaFormat
-from batchproof.server.sampling_fields import NumLogprobs, SamplingFields
-from batchproof.server.unsupported_fields import Strict, refused
+from batchproof.server.guards.precount import MAX_LISTED_ITEMS
+from batchproof.server.request.protocol import MAX_METADATA_PAIRS, MAX_TOOLS, JsonSchemaFormat
+from batchproof.server.request.sampling_fields import NumLogprobs, SamplingFields
+from batchproof.server.request.unsupported_fields import Strict, refused
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 ONLY_TEXT = "only text content is served"
@@ -100,10 +100,10 @@ class ResponsesStreamOptions(Strict):
 
 
 class ResponsesRequest(SamplingFields):
-    # The shared fields (sampling_fields.py: the model, sampling and stopping, the salt; metadata
+    # The shared fields (request/sampling_fields.py: the model, sampling and stopping, the salt; metadata
     # and user echoed in the response, store keeping it) and the Responses API's own. (A comment,
     # not a docstring: a docstring would become the OpenAPI document's description.)
-    # Counted before validation (precount.py); the exact limits are checked where they apply.
+    # Counted before validation (guards/precount.py); the exact limits are checked where they apply.
     counted_items: ClassVar[dict[str, int]] = {"input": MAX_LISTED_ITEMS, "tools": MAX_TOOLS,
                                                "metadata": MAX_METADATA_PAIRS,
                                                "prompt_token_ids": MAX_LISTED_ITEMS}

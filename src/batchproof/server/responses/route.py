@@ -1,26 +1,39 @@
 """POST /v1/responses (and GET/DELETE of a stored one): the Responses API as a formatter over
 chat's plan (chat/plan.py) and the same runner, so a conversation gets the same tokens and
-logprobs through either API."""
+logprobs through either API. The stored responses (store.py) are this endpoint's own: one store
+an app, kept in `app.state` under this endpoint's key (`keep_responses`)."""
 
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from batchproof.server.auth import tenant
 from batchproof.server.chat.plan import plan_chat
+from batchproof.server.chat.protocol import ChatCompletionRequest
 from batchproof.server.errors import APIError, shown
-from batchproof.server.plan import Plan, logprobs_label
-from batchproof.server.protocol import ChatCompletionRequest, check_metadata
+from batchproof.server.guards.auth import tenant
+from batchproof.server.request.plan import Plan, logprobs_label
+from batchproof.server.request.protocol import check_metadata
 from batchproof.server.responses.formatter import ResponsesFormatter
 from batchproof.server.responses.protocol import ResponsesRequest
+from batchproof.server.responses.store import ResponseStore
 from batchproof.server.responses.translate import TOKEN_PROMPT, Message, chat_request, input_messages, renamed
 from batchproof.server.serving import reply, submit
 from batchproof.server.state import ServerState, parse_body
 from batchproof.server.tools.choice import ToolPlan
 
 router = APIRouter()
+
+
+def keep_responses(app: FastAPI) -> None:
+    """Give `app` its stored responses (what previous_response_id continues and GET returns):
+    created with the app, so they live as long as it does, and a new app starts with none."""
+    app.state.responses = ResponseStore()
+
+
+def _store(request: Request) -> ResponseStore:
+    return request.app.state.responses
 
 
 def _not_found(response_id: str, param: str) -> APIError:
@@ -38,14 +51,14 @@ def _check_num_items(num_items: int, state: ServerState) -> None:
                             f"{most} fit this model's context (each costs at least one token)", param="input")
 
 
-def _plan(body: bytes, state: ServerState, key_id: str | None
+def _plan(body: bytes, state: ServerState, store: ResponseStore, key_id: str | None
           ) -> tuple[ResponsesRequest, ChatCompletionRequest, Plan, ToolPlan | None, list[Message]]:
     """Parse, translate, render and tokenize: on a worker thread, as the chat route does."""
     req = parse_body(ResponsesRequest, body)
     check_metadata(req.metadata)  # kept with the response: bounded before anything else
     history: list[Message] = []
     if req.previous_response_id is not None:
-        stored = state.responses.get(key_id, req.previous_response_id)
+        stored = store.get(key_id, req.previous_response_id)
         if stored is None:
             raise _not_found(req.previous_response_id, "previous_response_id")
         history = stored.conversation
@@ -82,12 +95,14 @@ def _echo(req: ResponsesRequest, response_id: str, model: str) -> dict[str, Any]
 async def create_response(request: Request) -> Response:
     state: ServerState = request.app.state.server
     key_id = tenant(request)
-    req, chat, plan, tool_plan, conversation = await run_in_threadpool(_plan, await request.body(), state, key_id)
+    store = _store(request)
+    req, chat, plan, tool_plan, conversation = await run_in_threadpool(_plan, await request.body(), state, store,
+                                                                       key_id)
     submitted = await submit(state, plan, "resp", key_id)
     response_id = submitted.request_id.replace("-", "_", 1)  # OpenAI's spelling: resp_<hex>
 
     def keep(response: dict[str, Any]) -> None:
-        state.responses.put(key_id, response, [*conversation, *input_messages(response["output"], "output")])
+        store.put(key_id, response, [*conversation, *input_messages(response["output"], "output")])
 
     formatter = ResponsesFormatter(_echo(req, response_id, state.served_model_name), state.front.tokenizer,
                                    wants_records=chat.logprobs is True, label=logprobs_label(plan.choices[0].params),
@@ -99,7 +114,7 @@ async def create_response(request: Request) -> Response:
 async def get_response(request: Request, response_id: str) -> Response:
     if request.query_params.get("stream", "false").lower() not in ("false", "0"):
         raise APIError(400, "replaying a stored response as a stream is not served; GET it whole", param="stream")
-    stored = request.app.state.server.responses.get(tenant(request), response_id)
+    stored = _store(request).get(tenant(request), response_id)
     if stored is None:
         raise _not_found(response_id, "response_id")
     return Response(stored.response_json, media_type="application/json")  # the bytes held: no decode on the loop
@@ -107,6 +122,6 @@ async def get_response(request: Request, response_id: str) -> Response:
 
 @router.delete("/v1/responses/{response_id}", response_model=None)
 async def delete_response(request: Request, response_id: str) -> Response:
-    if not request.app.state.server.responses.delete(tenant(request), response_id):
+    if not _store(request).delete(tenant(request), response_id):
         raise _not_found(response_id, "response_id")
     return JSONResponse({"id": response_id, "object": "response", "deleted": True})

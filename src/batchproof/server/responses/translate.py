@@ -6,8 +6,10 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from batchproof.server.chat.protocol import ChatCompletionRequest
 from batchproof.server.errors import APIError, shown
-from batchproof.server.protocol import ChatCompletionRequest
+from batchproof.server.request.sampling_fields import SamplingFields
+from batchproof.server.request.unsupported_fields import IGNORED_FIELDS
 from batchproof.server.responses.protocol import (
     LOGPROBS_INCLUDE,
     FunctionCallItem,
@@ -17,9 +19,7 @@ from batchproof.server.responses.protocol import (
     NamedFunctionChoice,
     ResponsesRequest,
 )
-from batchproof.server.sampling_fields import SamplingFields
 from batchproof.server.tools.choice import check_num_tools
-from batchproof.server.unsupported_fields import IGNORED_FIELDS
 
 TEXT_PARTS = ("input_text", "output_text")
 # Chat's spelling of a field -> the Responses one, for the errors the chat route's checks raise.

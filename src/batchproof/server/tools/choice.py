@@ -14,15 +14,15 @@
 import json
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from batchproof.engine.grammar import compile as grammars
 from batchproof.engine.sampling.constraint import Constraint
 from batchproof.engine.text.chat_template import ChatTemplate
 from batchproof.engine.text.tokenizer import Tokenizer
 from batchproof.server.errors import APIError, shown
-from batchproof.server.protocol import MAX_TOOLS, ChatCompletionRequest, NamedToolChoice, Tool
-from batchproof.server.structured import MAX_SCHEMA_CHARS, check
+from batchproof.server.request.protocol import MAX_TOOLS, NamedToolChoice, ResponseFormat, StructuredOutputs, Tool
+from batchproof.server.request.structured import MAX_SCHEMA_CHARS, check
 from batchproof.server.tools.formats import HERMES, ToolFormat, detect_tool_format, reads_tools
 
 # The format the server teaches a model whose chat template reads no tools (both packaged models'):
@@ -108,7 +108,18 @@ def _tool_dicts(tools: list[Tool]) -> list[dict[str, Any]]:
     return dicts
 
 
-def plan_tools(req: ChatCompletionRequest, template: ChatTemplate | None, tokenizer: Tokenizer) -> ToolPlan | None:
+class ToolRequest(Protocol):
+    """What plan_tools reads of a request: a chat completions request's (chat/protocol.py), which
+    the Responses API's translation also builds."""
+
+    tools: list[Tool] | None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None
+    parallel_tool_calls: bool | None
+    response_format: ResponseFormat | None
+    structured_outputs: StructuredOutputs | None
+
+
+def plan_tools(req: ToolRequest, template: ChatTemplate | None, tokenizer: Tokenizer) -> ToolPlan | None:
     tools = req.tools or []
     choice = req.tool_choice
     if not tools:

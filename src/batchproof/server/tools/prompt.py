@@ -16,7 +16,7 @@ import json
 from typing import Any
 
 from batchproof.server.errors import APIError, shown
-from batchproof.server.protocol import ChatMessage
+from batchproof.server.request.protocol import ChatMessage
 from batchproof.server.tools.choice import ToolPlan
 from batchproof.server.tools.lazy_grammar import HERMES_CLOSE, HERMES_OPEN
 

@@ -18,15 +18,15 @@ from batchproof.notary.limits import Bounds, TooLarge, check_sizes
 from batchproof.notary.metrics import Scored, report
 from batchproof.notary.records import RecordError, Rollout, as_float, parse_record
 from batchproof.notary.settings import SettingError, Settings
-from batchproof.server.auth import tenant
 from batchproof.server.errors import APIError, from_validation_error, shown
+from batchproof.server.guards.auth import tenant
+from batchproof.server.guards.precount import check_structure
 from batchproof.server.info import numerics_id
-from batchproof.server.json_body import json_reply
-from batchproof.server.plan import Choice, Plan, cache_namespace
-from batchproof.server.precount import check_structure
+from batchproof.server.reply.json_body import json_reply
+from batchproof.server.request.plan import Choice, Plan, cache_namespace
+from batchproof.server.request.unsupported_fields import Strict
 from batchproof.server.serving import CLIENT_GONE, QUEUE_RETRY_AFTER_S, collect_choices, submit
 from batchproof.server.state import ServerState, parse_body
-from batchproof.server.unsupported_fields import Strict
 
 router = APIRouter()
 
@@ -115,10 +115,11 @@ def _weights_now(state: ServerState) -> dict:
     """The weights served now, named: version, hash and numerics read together (a swap between
     the reads is read again)."""
     backend = state.backend
+    control = backend.control  # None: a fleet's replicas, whose weights are never swapped
     while True:
-        version = backend.weight_info()["weight_version"] if backend.supports_weight_updates else None
+        version = control.weight_info()["weight_version"] if control is not None else None
         info = backend.engine.info()
-        if version is None or backend.weight_info()["weight_version"] == version:
+        if version is None or control.weight_info()["weight_version"] == version:
             break
     return {"model": state.served_model_name, "model_sha256": info.get("model_sha256"),
             "numerics_id": numerics_id(info), "dtype": info.get("dtype"), "device": info.get("device"),

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StrictBool, StrictInt, StrictStr
 
-from batchproof.server.unsupported_fields import Strict
+from batchproof.server.request.unsupported_fields import Strict
 
 # The upper bound is the server's --max-logprobs, checked when the request is planned.
 NumLogprobs = Annotated[StrictInt, Field(ge=0)]

@@ -1,14 +1,17 @@
-"""The chat, completions, tokenize and detokenize request models, strict pydantic (JSON in, no
-coercion): what they share with the Responses request is in sampling_fields.py."""
+"""The request models more than one endpoint takes, strict pydantic (JSON in, no coercion): a
+chat message (chat, /tokenize, the tools' prompt), tools and tool_choice (chat, the tools' plan),
+response formats (chat, completions, the Responses API's text.format), `metadata`'s limits, and
+the fields both completions endpoints add to the sampling fields (sampling_fields.py). Each
+endpoint's own request is in its room: chat/protocol.py, completions/protocol.py,
+responses/protocol.py, and admin.py's /tokenize and /detokenize."""
 
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, StrictBool, StrictInt, StrictStr
 
 from batchproof.server.errors import APIError, shown
-from batchproof.server.precount import MAX_LISTED_ITEMS
-from batchproof.server.sampling_fields import NumLogprobs, SamplingFields
-from batchproof.server.unsupported_fields import NO_TOOLS, Strict, refused
+from batchproof.server.request.sampling_fields import NumLogprobs, SamplingFields
+from batchproof.server.request.unsupported_fields import Strict, refused
 
 TokenIds = list[StrictInt]
 # OpenAI's limits on `metadata` (the same on every route): a few tags, not a store; the Responses
@@ -132,14 +135,6 @@ class StreamOptions(Strict):
     include_obfuscation: StrictBool | None = None  # accepted and ignored: padding against side channels
 
 
-class Continuation(Strict):
-    """The previous turn, as its reply gave it (`prompt_token_ids` and a choice's `token_ids`):
-    the new prompt must extend prompt + reply exactly (chat/token_space.py)."""
-
-    prompt_token_ids: TokenIds
-    token_ids: TokenIds
-
-
 class CompletionsFields(SamplingFields):
     """What both completions endpoints (chat and legacy) add to the shared fields: a token budget,
     n choices, logit_bias, prompt logprobs and stream options (the Responses request has its own
@@ -154,71 +149,3 @@ class CompletionsFields(SamplingFields):
     return_tail_logprobs: StrictBool | None = None
     # vLLM's: each logprob entry's token (and alternatives) spelled `token_id:N`
     return_tokens_as_token_ids: StrictBool | None = None
-
-
-class ChatCompletionRequest(CompletionsFields):
-    # Counted before validation (precount.py); the exact limits are checked where they apply.
-    counted_items: ClassVar[dict[str, int]] = {"messages": MAX_LISTED_ITEMS, "tools": MAX_TOOLS,
-                                               "metadata": MAX_METADATA_PAIRS,
-                                               "prompt_token_ids": MAX_LISTED_ITEMS}
-    messages: list[ChatMessage]
-    # vLLM's token-in chat: the prompt as ids, with `messages: []` (used as given, no template)
-    prompt_token_ids: TokenIds | None = None
-    # ours: the previous turn's prompt and reply ids, which this prompt must extend (docs/rl-rollouts.md)
-    continue_from: Continuation | None = None
-    max_completion_tokens: StrictInt | None = None
-    logprobs: StrictBool | None = None
-    top_logprobs: NumLogprobs | None = None
-    tools: list[Tool] | None = None
-    # vLLM's: the generated token ids on each choice, the prompt's beside them (docs/rl-rollouts.md)
-    return_token_ids: StrictBool | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: StrictBool | None = None  # default true, as OpenAI's
-    # Known and not implemented: a 400 naming the field unless it asks for nothing.
-    functions: refused(NO_TOOLS, allowed=([],)) = None
-    function_call: refused(NO_TOOLS, allowed=("none",)) = None
-    response_format: ResponseFormat | None = None
-    structured_outputs: StructuredOutputs | None = None  # vLLM's
-    modalities: refused("only text", allowed=(["text"],)) = None
-    audio: refused("only text") = None
-    prediction: refused("predicted outputs are not implemented") = None
-    reasoning_effort: refused("the model has no reasoning setting") = None
-    verbosity: refused("the model has no verbosity setting") = None
-    web_search_options: refused("web search is not implemented") = None
-
-
-class CompletionRequest(CompletionsFields):
-    counted_items: ClassVar[dict[str, int]] = {"prompt": MAX_LISTED_ITEMS, "metadata": MAX_METADATA_PAIRS,
-                                               "prompt_logprob_token_ids": MAX_LISTED_ITEMS}
-    # A string, strings, token ids, or lists of token ids: one choice (or n) per prompt.
-    prompt: StrictStr | list[StrictStr] | TokenIds | list[TokenIds]
-    logprobs: NumLogprobs | None = None
-    echo: StrictBool | None = None
-    return_token_ids: StrictBool | None = None  # vLLM's: each choice's prompt and generated token ids
-    # vLLM's teacher scoring: per prompt row from prompt_logprob_start, the ids to score (-1 pads)
-    prompt_logprob_token_ids: list[list[StrictInt]] | None = None
-    prompt_logprob_start: Annotated[StrictInt, Field(ge=0)] | None = None
-    response_format: ResponseFormat | None = None
-    structured_outputs: StructuredOutputs | None = None  # vLLM's
-    best_of: refused("best_of above 1 is not implemented; use n", allowed=(1,)) = None
-    suffix: refused("insertion (suffix) is not implemented", allowed=("",)) = None
-
-
-class TokenizeRequest(Strict):
-    """vLLM's /tokenize (and llama.cpp's `content`)."""
-
-    counted_items: ClassVar[dict[str, int]] = {"messages": MAX_LISTED_ITEMS}
-
-    model: StrictStr | None = None
-    prompt: StrictStr | None = None
-    content: StrictStr | None = None  # llama.cpp's name for prompt
-    messages: list[ChatMessage] | None = None
-    add_generation_prompt: StrictBool = True
-    # As vLLM: the tokenizer's BOS for a prompt (default true); for messages the template writes it (false)
-    add_special_tokens: StrictBool | None = None
-    return_token_strs: StrictBool = False
-
-
-class DetokenizeRequest(Strict):
-    model: StrictStr | None = None
-    tokens: list[StrictInt]

@@ -1,6 +1,7 @@
 """The trainer's control plane, by vLLM's names (docs/weight-versions.md): GET /weight_info and
 /is_paused; POST /pause?mode=abort|wait|keep, /resume and /abort_requests. Changes are the admin
-key's, but for a tenant's abort of its own requests."""
+key's, but for a tenant's abort of its own requests. Each runs through the backend's
+WeightControl (engine_client.py), and is a 501 where the backend has none (a fleet's router)."""
 
 from typing import get_args
 
@@ -8,8 +9,9 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, StrictStr
 
 from batchproof.engine.async_engine import PauseMode
-from batchproof.server.auth import is_admin, require_admin, tenant
+from batchproof.server.engine_client import WeightControl
 from batchproof.server.errors import APIError, shown
+from batchproof.server.guards.auth import is_admin, require_admin, tenant
 from batchproof.server.info import numerics_id
 from batchproof.server.state import ServerState, parse_body
 
@@ -17,9 +19,20 @@ router = APIRouter()
 MODES = get_args(PauseMode)
 
 
-def _backend(request: Request, changes: bool, is_admin_only: bool = False):
-    """The local engine (a 503 while it loads); a fleet's router answers 501, as for
-    load_weights: each replica holds its own weights and queue. Changing anything needs
+def local_control(state: ServerState, what: str) -> WeightControl:
+    """The backend's weight control (a 503 while the model loads or after it failed); a 501 where
+    it has none, before a body is read: a fleet's router, whose replicas each hold their own
+    weights and queue. `what` names the route in the message."""
+    _ = state.client  # a 503 while the model loads or after it failed
+    control = state.backend.control
+    if control is None:
+        raise APIError(501, f"{what} runs on a single engine, not through a fleet's router",
+                       type_="not_implemented_error")
+    return control
+
+
+def _control(request: Request, changes: bool, is_admin_only: bool = False) -> WeightControl:
+    """The local engine's control, as for load_weights. Changing anything needs
     --allow-weight-updates (and so an admin key), as load_weights does; what touches every
     tenant's requests needs the admin key itself."""
     state: ServerState = request.app.state.server
@@ -28,26 +41,21 @@ def _backend(request: Request, changes: bool, is_admin_only: bool = False):
                        type_="permission_error")
     if is_admin_only:
         require_admin(request)
-    _ = state.client  # a 503 while the model loads or after it failed
-    backend = state.backend
-    if not backend.supports_weight_updates:
-        raise APIError(501, f"{request.url.path} runs on a single engine, not through a fleet's router",
-                       type_="not_implemented_error")
-    return backend
+    return local_control(state, request.url.path)
 
 
 @router.get("/weight_info")
 async def weight_info(request: Request) -> dict:
     """The version served now (a label load_weights set, or the served file's hash), and what
     it names: the model's sha256, the numerics id, where and when it was loaded."""
-    backend = _backend(request, changes=False)
-    return {**backend.weight_info(), "numerics_id": numerics_id(backend.engine.info())}
+    control = _control(request, changes=False)
+    return {**control.weight_info(), "numerics_id": numerics_id(request.app.state.server.client.info())}
 
 
 @router.get("/is_paused")
 async def is_paused(request: Request) -> dict:
-    backend = _backend(request, changes=False)
-    return {"is_paused": backend.is_paused, "mode": backend.pause_mode}
+    control = _control(request, changes=False)
+    return {"is_paused": control.is_paused, "mode": control.pause_mode}
 
 
 @router.post("/pause")
@@ -58,13 +66,13 @@ async def pause(request: Request, mode: str = "abort") -> dict:
     mode, once the last request in flight has finished."""
     if mode not in MODES:
         raise APIError(400, f"invalid value {shown(mode)} for 'mode': one of {', '.join(MODES)}", param="mode")
-    num_aborted = await _backend(request, changes=True, is_admin_only=True).pause(mode)
+    num_aborted = await _control(request, changes=True, is_admin_only=True).pause(mode)
     return {"status": "paused", "mode": mode, "num_aborted": num_aborted}
 
 
 @router.post("/resume")
 async def resume(request: Request) -> dict:
-    num_admitted = await _backend(request, changes=True, is_admin_only=True).resume()
+    num_admitted = await _control(request, changes=True, is_admin_only=True).resume()
     return {"status": "resumed", "num_admitted": num_admitted}
 
 
@@ -80,13 +88,13 @@ async def abort_requests(request: Request) -> dict:
     with the admin key; with a tenant's, only requests that key sent (without ids: all of them;
     an id of another's: a 403, and nothing is aborted; an id of no request in flight: not counted,
     as for the admin)."""
-    backend = _backend(request, changes=True)
+    control = _control(request, changes=True)
     body = await request.body()
     req = parse_body(AbortRequestsRequest, body) if body.strip() else AbortRequestsRequest()
     request_ids = req.request_ids
     if not is_admin(request):
         request_ids = _own(request, request_ids)
-    return {"num_aborted": await backend.abort_requests(request_ids)}
+    return {"num_aborted": await control.abort_requests(request_ids)}
 
 
 def _own(request: Request, request_ids: list[str] | None) -> list[str]:

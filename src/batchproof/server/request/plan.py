@@ -11,7 +11,7 @@ from batchproof.engine.sampling.constraint import Constraint
 from batchproof.engine.sampling.params import SamplingParams, SamplingParamsError
 from batchproof.engine.text.tokenizer import Tokenizer
 from batchproof.server.errors import APIError, shown
-from batchproof.server.protocol import CompletionsFields
+from batchproof.server.request.protocol import CompletionsFields
 
 MAX_CHAT_STOP_STRINGS = 4  # OpenAI's limit; lm-eval sends chat at most 4 too
 MAX_COMPLETION_STOP_STRINGS = 64  # lm-eval sends a task's whole `until` list to /v1/completions

@@ -4,9 +4,9 @@ visitor's browser posts to this server as that page's origin)."""
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from batchproof.server.auth import OPEN_PATHS
 from batchproof.server.config import ServerConfig
 from batchproof.server.errors import APIError, shown
+from batchproof.server.guards.auth import OPEN_PATHS
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
 ANY_ADDRESS = {"0.0.0.0", "::", ""}  # binds every interface: names no one host

@@ -9,7 +9,7 @@ from batchproof.engine.grammar import compile as grammars
 from batchproof.engine.sampling.constraint import Constraint
 from batchproof.engine.text.tokenizer import Tokenizer
 from batchproof.server.errors import APIError
-from batchproof.server.protocol import ResponseFormat, StructuredOutputs
+from batchproof.server.request.protocol import ResponseFormat, StructuredOutputs
 
 # A schema's compile costs time in its size (64 KB of flat properties: ~0.1 s), so it is bounded
 # before any (a tool's parameters too, tools/choice.py): far above a real schema's.
