@@ -18,6 +18,7 @@ from batchproof.engine.model.ops import abi, kernels
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="the kernels are not built here")
 
 OPS = Path(abi.__file__).parent
+CSRC = OPS / "csrc"  # the C sources
 SCALARS = {"int": ctypes.c_int, "int32_t": ctypes.c_int32, "int64_t": ctypes.c_int64, "float": ctypes.c_float,
            "double": ctypes.c_double,
            "void": None}
@@ -27,7 +28,7 @@ STRUCT = re.compile(r"typedef struct \{(.*?)\} (bp_\w+);", re.S)
 
 def header() -> str:
     """kernels.h without its comments."""
-    return re.sub(r"/\*.*?\*/", "", (OPS / "kernels.h").read_text(), flags=re.S)
+    return re.sub(r"/\*.*?\*/", "", (CSRC / "kernels.h").read_text(), flags=re.S)
 
 
 def c_type(declaration: str):

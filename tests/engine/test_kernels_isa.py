@@ -16,7 +16,7 @@ from tests.helpers.tiny_gguf import TinySpec, reference_logits, write_tiny_gguf
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="the kernels are not built here")
 LEVELS = [level for level in (2, 1, 0) if kernels.available() and level <= kernels.isa_level()]
-OPS = Path(kernels.__file__).parent
+CSRC = Path(kernels.__file__).parent / "csrc"  # the C sources
 
 
 @pytest.fixture(params=LEVELS, ids=lambda level: kernels.ISA_NAMES[level])
@@ -172,7 +172,7 @@ def test_first_max_is_the_first_maximum_at_every_position(isa):
 def test_bp_pick_is_the_one_way_a_kernel_picks_its_path():
     """No target_clones or ifunc: their resolver asks the CPU, never the cap, so the levels
     above could not run the portable code on a vector CPU (and GCC exports the resolver)."""
-    sources = sorted(OPS.glob("*.[ch]"))
+    sources = sorted(CSRC.glob("*.[ch]"))
     assert len(sources) > 10
     for source in sources:
         code = re.sub(r"/\*.*?\*/", "", source.read_text(), flags=re.S)  # comments may name them
@@ -183,6 +183,7 @@ def test_bp_pick_is_the_one_way_a_kernel_picks_its_path():
 def test_a_twin_per_instruction_set_keeps_every_c_file_short():
     """ggml's way: one name, a file per instruction set (quant_tiles_avx2.c, ..._avx512.c), so
     no C file passes ~300 lines."""
-    lengths = {source.name: len(source.read_text().splitlines()) for source in OPS.glob("*.c")}
+    lengths = {source.name: len(source.read_text().splitlines()) for source in CSRC.glob("*.c")}
     assert {name: n for name, n in lengths.items() if n > 300} == {}
+    assert not list(CSRC.parent.glob("*.[ch]")), "the C sources live in ops/csrc/"
     assert {"quant_tiles_avx2.c", "quant_tiles_avx512.c", "quant_dequant_avx2.c"} <= set(lengths)

@@ -1,5 +1,5 @@
 """One to four rows of x unpack Q4_K, Q5_K, Q6_K, Q5_0 and Q5_1 blocks in registers, straight
-into the FMAs (quant_tiles.h and its twins), where more rows go through a buffer: two routes to one answer.
+into the FMAs (quant_tiles_body.h and its twins), where more rows go through a buffer: two routes to one answer.
 
 Each is held, on every instruction set here, to gguf.quants' dequantized weight: weight by
 weight (rows of x that pick one weight each give back its exact float) and as a matmul (bit

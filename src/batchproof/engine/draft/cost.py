@@ -9,7 +9,7 @@ with AVX-512 the default model's float32 matmuls at 2 rows cost about 1.6 of one
 STEP_COST: a single sequence's decode step of n rows on the default model, on a 2-core AMD
 EPYC with AVX2 (the kernels' batchproof-avx2 path), the best of 25 runs, divided by the
 one-row step (10.6 ms): up to 4 rows each block is unpacked in registers once for all of them
-(quant_tiles), at 5 the matmuls switch to tiles of 8 rows, so 5 to 8 rows cost alike, and from
+(quant_tiles_body.h), at 5 the matmuls switch to tiles of 8 rows, so 5 to 8 rows cost alike, and from
 there each row adds about a quarter of a one-row step. Other machines differ in scale more
 than in shape; a wrong table only makes drafts shorter or longer than best, never a bit
 different."""

@@ -1,5 +1,6 @@
-/* What the quantized kernels share (quant_dequant.c, quant_linear.c, quant_tiles*.c): GGML's
- * type ids, the one table of block sizes, the exact half -> float, the table of block types
+/* What the quantized kernels share (quant_dequant.c, quant_linear.c, quant_tiles*.c,
+ * quant_int8*.c): GGML's type ids, the one table of types and their block sizes (from which
+ * every per-type switch is generated), the exact half -> float, the table of block types
  * (each one's sizes and the function that turns a row of its blocks into the floats
  * gguf.quants computes), and the register tiles' instruction-set twins. Not part of the
  * interface (kernels.h). */
@@ -16,13 +17,30 @@ enum {
     T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14, T_BF16 = 30,
 };
 
-/* The one table of block sizes: every type we run as X(id, name, a block's bytes, the weights it
+/* The one table of types: every type we run as X(id, name, a block's bytes, the weights it
  * holds), gguf's GGML_QUANT_SIZES (tests/engine/test_kernels_abi.py holds the two together).
- * quant_dequant.c builds its table of types from it; the kernels ask block_bytes(). */
-#define BLOCK_SIZES(X)                                                                                     \
-    X(T_F32, f32, 4, 1) X(T_F16, f16, 2, 1) X(T_BF16, bf16, 2, 1) X(T_Q4_0, q4_0, 18, 32)                \
-    X(T_Q4_1, q4_1, 20, 32) X(T_Q5_0, q5_0, 22, 32) X(T_Q5_1, q5_1, 24, 32) X(T_Q8_0, q8_0, 34, 32)      \
-    X(T_Q4_K, q4_k, 144, 256) X(T_Q5_K, q5_k, 176, 256) X(T_Q6_K, q6_k, 210, 256)
+ * BP_QUANT_TYPES, the types whose blocks are unpacked, is the one list of them: each twin that
+ * has a function per quantized type (the register path's tiles, the int8 numerics' tiles)
+ * defines its functions and writes its picker's switch by expanding it (BP_QUANT_CASE), so a new
+ * quantized type is one line here, and the code that unpacks it. BP_FLOAT_TYPES need no
+ * unpacking (the buffer, the float path). quant_dequant.c builds its table of types from
+ * BLOCK_SIZES, both lists; the kernels ask block_bytes(). */
+#define BP_FLOAT_TYPES(X) X(T_F32, f32, 4, 1) X(T_F16, f16, 2, 1) X(T_BF16, bf16, 2, 1)
+#define BP_QUANT_TYPES(X)    \
+    X(T_Q4_0, q4_0, 18, 32)   \
+    X(T_Q4_1, q4_1, 20, 32)   \
+    X(T_Q5_0, q5_0, 22, 32)   \
+    X(T_Q5_1, q5_1, 24, 32)   \
+    X(T_Q8_0, q8_0, 34, 32)   \
+    X(T_Q4_K, q4_k, 144, 256) \
+    X(T_Q5_K, q5_k, 176, 256) \
+    X(T_Q6_K, q6_k, 210, 256)
+#define BLOCK_SIZES(X) BP_FLOAT_TYPES(X) BP_QUANT_TYPES(X)
+
+/* A picker's switch, generated: inside switch (type), BP_QUANT_TYPES(BP_QUANT_CASE) returns each
+ * quantized type's function, named by the twin's BP_TWIN_FN(name) (e.g. q4_0_avx2). */
+#define BP_QUANT_CASE(id, name, bytes, elems) \
+    case id: return BP_TWIN_FN(name);
 
 /* A block's bytes, 0 for a type we do not run: a constant wherever the type is one. */
 static inline int64_t block_bytes(int type) {
@@ -145,13 +163,13 @@ BP_INTERNAL xtile_fn bp_pick_xtile(int type);
 /* Whether the AVX-512 one-row tile pairs two weight rows a register on this CPU (isa.c). */
 BP_INTERNAL int bp_pairs_pay(void);
 /* The most rows the register path takes for this type here: TALL_ROWS on an AVX-512 host where
- * pairs do not pay, else FUSED_ROWS (quant_tiles.c). */
+ * pairs do not pay, else FUSED_ROWS (quant_tiles_pick.c). */
 BP_INTERNAL int bp_fused_rows(int type);
 
 /* ---- the register path's twins: one name, a file per instruction set (ggml's way) ----
  *
  * Each picks by type among its own file's tiles (NULL for a type it has none for):
- * quant_tiles_avx2.c (AVX2 + FMA), quant_tiles_avx512.c; quant_tiles.c chooses between them
+ * quant_tiles_avx2.c (AVX2 + FMA), quant_tiles_avx512.c; quant_tiles_pick.c chooses between them
  * with BP_PICK (bp_pick_*). No portable twin: the portable build goes through the buffer. */
 #ifdef BP_X86
 BP_INTERNAL qtile_fn bp_qtile_avx512(int type);

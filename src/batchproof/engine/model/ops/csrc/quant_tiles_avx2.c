@@ -1,8 +1,8 @@
 /* The register path's AVX2 twin (quant.h): up to four rows of x against quantized weight
- * rows in 8-lane registers (quant_tiles.h holds that code and says why each weight is the
+ * rows in 8-lane registers (quant_tiles_body.h holds that code and says why each weight is the
  * same float), and the row unpacking it vectorizes for the buffer.
  */
-#include "quant_tiles.h"
+#include "quant_tiles_body.h"
 
 #ifdef BP_X86
 float bp_f16_table[65536];
@@ -14,10 +14,10 @@ __attribute__((constructor)) static void fill_f16_table(void) {
     }
 }
 
-/* One row of K weights into floats for the buffer (quant_linear.c), by quant_tiles.h's
+/* One row of K weights into floats for the buffer (quant_linear.c), by quant_tiles_body.h's
  * unpacking: each weight the float chunk_weights computes, which is quant_dequant.c's (the top
- * of quant_tiles.h), 8 at a time. The K-quants' scalar unpacking took 2.4x the register tile's time in
- * Gemma 3's Q6_K matmuls at 8 rows. */
+ * of quant_tiles_body.h), 8 at a time. The K-quants' scalar unpacking took 2.4x the register
+ * tile's time in Gemma 3's Q6_K matmuls at 8 rows. */
 INLINE void unpack_row(const uint8_t *w, const int type, int64_t K, float *dst) {
     float kscale[16];
     const int bytes = block_bytes(type), groups = is_k_quant(type) ? 8 : 1;
@@ -52,28 +52,19 @@ UNPACK_ROW_FN(unpack_q6_k, T_Q6_K)
                                                      const uint8_t *prefetch) {                            \
         QTILE_DISPATCH(TYPE);                                                                               \
     }
-QTILE_FN(q4_0_avx2, "avx2,fma", T_Q4_0)
-QTILE_FN(q4_1_avx2, "avx2,fma", T_Q4_1)
-QTILE_FN(q5_0_avx2, "avx2,fma", T_Q5_0)
-QTILE_FN(q5_1_avx2, "avx2,fma", T_Q5_1)
-QTILE_FN(q8_0_avx2, "avx2,fma", T_Q8_0)
-QTILE_FN(q4_k_avx2, "avx2,fma", T_Q4_K)
-QTILE_FN(q5_k_avx2, "avx2,fma", T_Q5_K)
-QTILE_FN(q6_k_avx2, "avx2,fma", T_Q6_K)
+/* Every quantized type's tile (quant.h's BP_QUANT_TYPES), q4_0_avx2 and so on, and the picker's
+ * switch among them. */
+#define BP_TWIN_FN(name) name##_avx2
+#define QTILE_AVX2(id, name, bytes, elems) QTILE_FN(BP_TWIN_FN(name), "avx2,fma", id)
+BP_QUANT_TYPES(QTILE_AVX2)
 
 qtile_fn bp_qtile_avx2(int type) {
     switch (type) {
-    case T_Q4_0: return q4_0_avx2;
-    case T_Q4_1: return q4_1_avx2;
-    case T_Q5_0: return q5_0_avx2;
-    case T_Q5_1: return q5_1_avx2;
-    case T_Q8_0: return q8_0_avx2;
-    case T_Q4_K: return q4_k_avx2;
-    case T_Q5_K: return q5_k_avx2;
-    case T_Q6_K: return q6_k_avx2;
+    BP_QUANT_TYPES(BP_QUANT_CASE)
     default: return NULL; /* F16, BF16, F32: the buffer (their weights need no unpacking) */
     }
 }
+#undef BP_TWIN_FN
 
 dequant_fn bp_unpack_row_avx2(int type) {
     switch (type) { /* Q4_0, Q4_1, Q8_0: quant_dequant.c's own AVX2 loops */

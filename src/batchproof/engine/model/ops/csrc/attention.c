@@ -6,8 +6,9 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "attention_group.h"
 #include "lanes.h"
-#include "attention.h"
+#include "softmax.h"
 
 /* ---------------- decode attention, one sequence at a time ---------------- */
 
@@ -116,38 +117,53 @@ void bp_decode_attention_f32(const float *q, const float *k_cache, const float *
  *     and four scores' horizontal sums done together (hsum4_avx2);
  *   totals: the rows' sums interleaved, key by key, so four add chains overlap;
  *   outputs: 2 rows x 32 lanes at a time, a score broadcast once per row and key.
- * Needs D % 32 == 0. */
-__attribute__((target("avx2,fma")))
-static void attend_rows_avx2(const float *q, int64_t q_stride, const float *keys, const float *values, float *o,
-                             int64_t o_stride, float *scores, int R, int64_t L0, int64_t D, float scale) {
+ * Needs D % 32 == 0. Those three steps below, one function each; attend_rows_avx2 runs them. */
+#define RINLINE static inline __attribute__((always_inline, target("avx2,fma")))
+
+/* Scores of rows q0 and q1 (q1 == q0 for a lone row) against the 4 keys at k: one accumulator
+ * per row and key over D, each key vector loaded once for both rows. s: row q0's 4 scores, and
+ * (rows == 2) q1's S floats on. */
+RINLINE void pair_scores4(const float *q0, const float *q1, const float *k, int64_t D, __m128 scale4, float *s,
+                          int64_t S, int rows) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    for (int64_t d = 0; d < D; d += 8) {
+        const __m256 x0 = _mm256_loadu_ps(q0 + d), x1 = _mm256_loadu_ps(q1 + d);
+        __m256 kv = _mm256_loadu_ps(k + d);
+        a0 = _mm256_fmadd_ps(x0, kv, a0), b0 = _mm256_fmadd_ps(x1, kv, b0);
+        kv = _mm256_loadu_ps(k + D + d);
+        a1 = _mm256_fmadd_ps(x0, kv, a1), b1 = _mm256_fmadd_ps(x1, kv, b1);
+        kv = _mm256_loadu_ps(k + 2 * D + d);
+        a2 = _mm256_fmadd_ps(x0, kv, a2), b2 = _mm256_fmadd_ps(x1, kv, b2);
+        kv = _mm256_loadu_ps(k + 3 * D + d);
+        a3 = _mm256_fmadd_ps(x0, kv, a3), b3 = _mm256_fmadd_ps(x1, kv, b3);
+    }
+    _mm_storeu_ps(s, _mm_mul_ps(hsum4_avx2(a0, a1, a2, a3), scale4));
+    if (rows == 2) _mm_storeu_ps(s + S, _mm_mul_ps(hsum4_avx2(b0, b1, b2, b3), scale4));
+}
+
+/* The scores: scores[r * S + i] = (q_r . k_i) * scale for keys 0..L0+r-1, 2 rows x 4 keys at a
+ * time, then each row's last few keys one at a time. */
+RINLINE void rows_scores(const float *q, int64_t q_stride, const float *keys, float *scores, int R, int64_t L0,
+                         int64_t D, float scale) {
     const int64_t S = L0 + R; /* each row's stretch of `scores` */
     const __m128 scale4 = _mm_set1_ps(scale);
     for (int r0 = 0; r0 < R; r0 += 2) {
         const int rows = R - r0 < 2 ? R - r0 : 2;
         const float *q0 = q + r0 * q_stride, *q1 = q + (r0 + rows - 1) * q_stride;
         int64_t j = 0;
-        for (; j + 4 <= L0 + r0; j += 4) { /* keys both rows see */
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-            const float *k = keys + j * D;
-            for (int64_t d = 0; d < D; d += 8) {
-                const __m256 x0 = _mm256_loadu_ps(q0 + d), x1 = _mm256_loadu_ps(q1 + d);
-                __m256 kv = _mm256_loadu_ps(k + d);
-                a0 = _mm256_fmadd_ps(x0, kv, a0), b0 = _mm256_fmadd_ps(x1, kv, b0);
-                kv = _mm256_loadu_ps(k + D + d);
-                a1 = _mm256_fmadd_ps(x0, kv, a1), b1 = _mm256_fmadd_ps(x1, kv, b1);
-                kv = _mm256_loadu_ps(k + 2 * D + d);
-                a2 = _mm256_fmadd_ps(x0, kv, a2), b2 = _mm256_fmadd_ps(x1, kv, b2);
-                kv = _mm256_loadu_ps(k + 3 * D + d);
-                a3 = _mm256_fmadd_ps(x0, kv, a3), b3 = _mm256_fmadd_ps(x1, kv, b3);
-            }
-            _mm_storeu_ps(scores + r0 * S + j, _mm_mul_ps(hsum4_avx2(a0, a1, a2, a3), scale4));
-            if (rows == 2) _mm_storeu_ps(scores + (r0 + 1) * S + j, _mm_mul_ps(hsum4_avx2(b0, b1, b2, b3), scale4));
-        }
+        for (; j + 4 <= L0 + r0; j += 4) /* keys both rows see */
+            pair_scores4(q0, q1, keys + j * D, D, scale4, scores + r0 * S + j, S, rows);
         for (int r = r0; r < r0 + rows; r++) /* the last few shared keys, and each row's own */
             for (int64_t i = j; i < L0 + r; i++)
                 scores[r * S + i] = bp_dot8_avx2(q + r * q_stride, keys + i * D, D) * scale;
     }
-    float total[PROMPT_ROWS] = {0.0f, 0.0f, 0.0f, 0.0f}, inv[PROMPT_ROWS];
+}
+
+/* The softmax: each row's max and exps (softmax.h), then the rows' totals in key order, side by
+ * side, so four add chains overlap; inv[r] = 1 / row r's total. */
+RINLINE void rows_softmax(float *scores, int R, int64_t L0, float *inv) {
+    const int64_t S = L0 + R;
+    float total[PROMPT_ROWS] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int r = 0; r < R; r++) {
         float *sr = scores + r * S;
         exp_shifted_avx2(sr, L0 + r, max_score_avx2(sr, L0 + r));
@@ -158,46 +174,66 @@ static void attend_rows_avx2(const float *q, int64_t q_stride, const float *keys
         for (int64_t j = L0; j < L0 + r; j++) total[r] += scores[r * S + j];
         inv[r] = 1.0f / total[r];
     }
+}
+
+/* 32 lanes of one row's output: its 4 accumulators, times 1 / total. */
+RINLINE void store_lanes32(float *out, __m256 a0, __m256 a1, __m256 a2, __m256 a3, float inv) {
+    const __m256 iv = _mm256_set1_ps(inv);
+    _mm256_storeu_ps(out, _mm256_mul_ps(a0, iv));
+    _mm256_storeu_ps(out + 8, _mm256_mul_ps(a1, iv));
+    _mm256_storeu_ps(out + 16, _mm256_mul_ps(a2, iv));
+    _mm256_storeu_ps(out + 24, _mm256_mul_ps(a3, iv));
+}
+
+/* Lanes 0..31 at v (a value row's, D floats a key) of rows s0 and s1 (s1 == s0 for a lone row),
+ * which share their first `shared` keys, s1 one more: each lane one accumulator over the keys in
+ * order, a score broadcast once per row and key. out: row s0's, and row s1's o_stride on. */
+RINLINE void pair_values32(const float *s0, const float *s1, const float *v, float *out, int64_t o_stride,
+                           const float *inv, int rows, int64_t shared, int64_t D) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    int64_t j = 0;
+    for (; j < shared; j++, v += D) { /* keys both rows see */
+        const __m256 p = _mm256_broadcast_ss(s0 + j), p1 = _mm256_broadcast_ss(s1 + j);
+        __m256 vv = _mm256_loadu_ps(v);
+        a0 = _mm256_fmadd_ps(p, vv, a0), b0 = _mm256_fmadd_ps(p1, vv, b0);
+        vv = _mm256_loadu_ps(v + 8);
+        a1 = _mm256_fmadd_ps(p, vv, a1), b1 = _mm256_fmadd_ps(p1, vv, b1);
+        vv = _mm256_loadu_ps(v + 16);
+        a2 = _mm256_fmadd_ps(p, vv, a2), b2 = _mm256_fmadd_ps(p1, vv, b2);
+        vv = _mm256_loadu_ps(v + 24);
+        a3 = _mm256_fmadd_ps(p, vv, a3), b3 = _mm256_fmadd_ps(p1, vv, b3);
+    }
+    store_lanes32(out, a0, a1, a2, a3, inv[0]);
+    if (rows < 2) return;
+    { /* the second row's own last key */
+        const __m256 p = _mm256_broadcast_ss(s1 + j);
+        b0 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v), b0);
+        b1 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8), b1);
+        b2 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 16), b2);
+        b3 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 24), b3);
+    }
+    store_lanes32(out + o_stride, b0, b1, b2, b3, inv[1]);
+}
+
+/* The outputs: o_r = (sum over keys in order of p_r[j] v_j) * inv[r], 2 rows x 32 lanes at a time. */
+RINLINE void rows_values(const float *scores, const float *values, float *o, int64_t o_stride, const float *inv,
+                         int R, int64_t L0, int64_t D) {
+    const int64_t S = L0 + R;
     for (int r0 = 0; r0 < R; r0 += 2) {
         const int rows = R - r0 < 2 ? R - r0 : 2;
         const float *s0 = scores + r0 * S, *s1 = scores + (r0 + rows - 1) * S;
-        for (int64_t d = 0; d < D; d += 32) {
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-            const float *v = values + d;
-            int64_t j = 0;
-            for (; j < L0 + r0; j++, v += D) { /* keys both rows see */
-                const __m256 p = _mm256_broadcast_ss(s0 + j), p1 = _mm256_broadcast_ss(s1 + j);
-                __m256 vv = _mm256_loadu_ps(v);
-                a0 = _mm256_fmadd_ps(p, vv, a0), b0 = _mm256_fmadd_ps(p1, vv, b0);
-                vv = _mm256_loadu_ps(v + 8);
-                a1 = _mm256_fmadd_ps(p, vv, a1), b1 = _mm256_fmadd_ps(p1, vv, b1);
-                vv = _mm256_loadu_ps(v + 16);
-                a2 = _mm256_fmadd_ps(p, vv, a2), b2 = _mm256_fmadd_ps(p1, vv, b2);
-                vv = _mm256_loadu_ps(v + 24);
-                a3 = _mm256_fmadd_ps(p, vv, a3), b3 = _mm256_fmadd_ps(p1, vv, b3);
-            }
-            float *out = o + r0 * o_stride + d;
-            __m256 iv = _mm256_set1_ps(inv[r0]);
-            _mm256_storeu_ps(out, _mm256_mul_ps(a0, iv));
-            _mm256_storeu_ps(out + 8, _mm256_mul_ps(a1, iv));
-            _mm256_storeu_ps(out + 16, _mm256_mul_ps(a2, iv));
-            _mm256_storeu_ps(out + 24, _mm256_mul_ps(a3, iv));
-            if (rows < 2) continue;
-            { /* the second row's own last key */
-                const __m256 p = _mm256_broadcast_ss(s1 + j);
-                b0 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v), b0);
-                b1 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8), b1);
-                b2 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 16), b2);
-                b3 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 24), b3);
-            }
-            out += o_stride;
-            iv = _mm256_set1_ps(inv[r0 + 1]);
-            _mm256_storeu_ps(out, _mm256_mul_ps(b0, iv));
-            _mm256_storeu_ps(out + 8, _mm256_mul_ps(b1, iv));
-            _mm256_storeu_ps(out + 16, _mm256_mul_ps(b2, iv));
-            _mm256_storeu_ps(out + 24, _mm256_mul_ps(b3, iv));
-        }
+        for (int64_t d = 0; d < D; d += 32)
+            pair_values32(s0, s1, values + d, o + r0 * o_stride + d, o_stride, inv + r0, rows, L0 + r0, D);
     }
+}
+
+__attribute__((target("avx2,fma")))
+static void attend_rows_avx2(const float *q, int64_t q_stride, const float *keys, const float *values, float *o,
+                             int64_t o_stride, float *scores, int R, int64_t L0, int64_t D, float scale) {
+    float inv[PROMPT_ROWS];
+    rows_scores(q, q_stride, keys, scores, R, L0, D, scale);
+    rows_softmax(scores, R, L0, inv);
+    rows_values(scores, values, o, o_stride, inv, R, L0, D);
 }
 #endif
 

@@ -30,8 +30,8 @@
  * f16 scales come from a table built with f16() (so a NaN keeps its payload; filled in
  * quant_tiles_avx2.c), two loads where the conversion cost a dozen instructions per block.
  */
-#ifndef BP_QUANT_TILES_H
-#define BP_QUANT_TILES_H
+#ifndef BP_QUANT_TILES_BODY_H
+#define BP_QUANT_TILES_BODY_H
 #include <stdint.h>
 #include <string.h>
 

@@ -199,26 +199,17 @@ I8 void itile(const qx_rows *x, int64_t m0, const int mt, const uint8_t *w, floa
                                                          const uint8_t *w, float *sums) {              \
         ITILE_BY_ROWS(TYPE, w)                                                                           \
     }
-ITILE_FN(q4_0_avx2, T_Q4_0)
-ITILE_FN(q4_1_avx2, T_Q4_1)
-ITILE_FN(q5_0_avx2, T_Q5_0)
-ITILE_FN(q5_1_avx2, T_Q5_1)
-ITILE_FN(q8_0_avx2, T_Q8_0)
-ITILE_FN(q4_k_avx2, T_Q4_K)
-ITILE_FN(q5_k_avx2, T_Q5_K)
-ITILE_FN(q6_k_avx2, T_Q6_K)
+/* Every quantized type's tile (quant.h's BP_QUANT_TYPES), q4_0_avx2 and so on, and the picker's
+ * switch among them. */
+#define BP_TWIN_FN(name) name##_avx2
+#define ITILE_AVX2(id, name, bytes, elems) ITILE_FN(BP_TWIN_FN(name), id)
+BP_QUANT_TYPES(ITILE_AVX2)
 
 itile_fn bp_itile_avx2(int type) {
     switch (type) {
-    case T_Q4_0: return q4_0_avx2;
-    case T_Q4_1: return q4_1_avx2;
-    case T_Q5_0: return q5_0_avx2;
-    case T_Q5_1: return q5_1_avx2;
-    case T_Q8_0: return q8_0_avx2;
-    case T_Q4_K: return q4_k_avx2;
-    case T_Q5_K: return q5_k_avx2;
-    case T_Q6_K: return q6_k_avx2;
+    BP_QUANT_TYPES(BP_QUANT_CASE)
     default: return NULL;
     }
 }
+#undef BP_TWIN_FN
 #endif

@@ -1,9 +1,9 @@
-/* What decode attention's two kernels share: attention.c's (one query head at a time) and
- * attention_group.c's (the heads of one KV group together). The softmax's three steps, which
- * every path takes in the same order, so a head's weights are the same bits on either. Not part
- * of the interface (kernels.h). */
-#ifndef BP_ATTENTION_H
-#define BP_ATTENTION_H
+/* Attention's softmax, in three steps that every path takes in the same order, so a
+ * head's weights are the same bits on any of them: attention.c's (one query head, or a prompt's
+ * rows, at a time) and attention_group.c's (the heads of one KV group together) both run it.
+ * Not part of the interface (kernels.h). */
+#ifndef BP_SOFTMAX_H
+#define BP_SOFTMAX_H
 #include <math.h>
 #include <stdint.h>
 
@@ -58,9 +58,5 @@ static inline float max_score_avx2(const float *s, int64_t L) {
     return top;
 }
 
-/* attention.c's attend_avx2 for NH (1 to 3) heads that share one KV head: q, o and scores hold
- * the NH heads one after another (D floats each; scores L each). The same bits per head. */
-BP_INTERNAL void bp_attend_group_avx2(const float *q, const float *keys, const float *values, float *o,
-                                      float *scores, int64_t L, int64_t D, float scale, int NH);
 #endif /* BP_X86 */
 #endif

@@ -6,9 +6,11 @@
  *
  * Every head's arithmetic is attend_avx2's, term for term: a key's score is one 8-lane FMA chain
  * over D, hsum4_avx2 (or bp_dot8_avx2 for the last L % 4 keys), times scale; the softmax of
- * attention.h; an output lane one FMA chain over the keys in position order, times 1 / total.
+ * softmax.h; an output lane one FMA chain over the keys in position order, times 1 / total.
  * Only which independent chains run side by side differs, so the bits are the same. */
-#include "attention.h"
+#include "attention_group.h"
+#include "lanes.h"
+#include "softmax.h"
 
 #ifdef BP_X86
 #define GINLINE static inline __attribute__((always_inline, target("avx2,fma")))

@@ -236,25 +236,16 @@ static void itile_portable(const qx_rows *x, int64_t m0, int mt, const uint8_t *
     static void NAME(const qx_rows *x, int64_t m0, int mt, const uint8_t *w, float *sums) {            \
         itile_portable(x, m0, mt, w, sums, TYPE);                                                      \
     }
-ITILE_FN(q4_0_portable, T_Q4_0)
-ITILE_FN(q4_1_portable, T_Q4_1)
-ITILE_FN(q5_0_portable, T_Q5_0)
-ITILE_FN(q5_1_portable, T_Q5_1)
-ITILE_FN(q8_0_portable, T_Q8_0)
-ITILE_FN(q4_k_portable, T_Q4_K)
-ITILE_FN(q5_k_portable, T_Q5_K)
-ITILE_FN(q6_k_portable, T_Q6_K)
+/* Every quantized type's tile (quant.h's BP_QUANT_TYPES), q4_0_portable and so on, and the
+ * picker's switch among them. */
+#define BP_TWIN_FN(name) name##_portable
+#define ITILE_PORTABLE(id, name, bytes, elems) ITILE_FN(BP_TWIN_FN(name), id)
+BP_QUANT_TYPES(ITILE_PORTABLE)
 
 itile_fn bp_itile_portable(int type) {
     switch (type) {
-    case T_Q4_0: return q4_0_portable;
-    case T_Q4_1: return q4_1_portable;
-    case T_Q5_0: return q5_0_portable;
-    case T_Q5_1: return q5_1_portable;
-    case T_Q8_0: return q8_0_portable;
-    case T_Q4_K: return q4_k_portable;
-    case T_Q5_K: return q5_k_portable;
-    case T_Q6_K: return q6_k_portable;
+    BP_QUANT_TYPES(BP_QUANT_CASE)
     default: return NULL; /* F16, BF16, F32: float weights stay on the float path */
     }
 }
+#undef BP_TWIN_FN

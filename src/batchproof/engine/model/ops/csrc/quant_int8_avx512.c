@@ -231,26 +231,17 @@ V16 void itile(const qx_rows *x, int64_t m0, const int mt, const uint8_t *wa, co
                                                       const uint8_t *wb, float *sums) {                         \
         ITILE_BY_ROWS(TYPE, wa, wb)                                                                             \
     }
-ITILE2_FN(q4_0_wide, T_Q4_0)
-ITILE2_FN(q4_1_wide, T_Q4_1)
-ITILE2_FN(q5_0_wide, T_Q5_0)
-ITILE2_FN(q5_1_wide, T_Q5_1)
-ITILE2_FN(q8_0_wide, T_Q8_0)
-ITILE2_FN(q4_k_wide, T_Q4_K)
-ITILE2_FN(q5_k_wide, T_Q5_K)
-ITILE2_FN(q6_k_wide, T_Q6_K)
+/* Every quantized type's tile (quant.h's BP_QUANT_TYPES), q4_0_wide and so on, and the picker's
+ * switch among them. */
+#define BP_TWIN_FN(name) name##_wide
+#define ITILE2_WIDE(id, name, bytes, elems) ITILE2_FN(BP_TWIN_FN(name), id)
+BP_QUANT_TYPES(ITILE2_WIDE)
 
 itile2_fn bp_itile2_avx512(int type) {
     switch (type) {
-    case T_Q4_0: return q4_0_wide;
-    case T_Q4_1: return q4_1_wide;
-    case T_Q5_0: return q5_0_wide;
-    case T_Q5_1: return q5_1_wide;
-    case T_Q8_0: return q8_0_wide;
-    case T_Q4_K: return q4_k_wide;
-    case T_Q5_K: return q5_k_wide;
-    case T_Q6_K: return q6_k_wide;
+    BP_QUANT_TYPES(BP_QUANT_CASE)
     default: return NULL;
     }
 }
+#undef BP_TWIN_FN
 #endif

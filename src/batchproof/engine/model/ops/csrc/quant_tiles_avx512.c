@@ -1,4 +1,4 @@
-/* The register path's AVX-512 twin (quant.h): quant_tiles.h's 8-lane code with 32 registers,
+/* The register path's AVX-512 twin (quant.h): quant_tiles_body.h's 8-lane code with 32 registers,
  * and 16-lane registers holding two weight rows (one row of x) or two rows of x (a batch's
  * decode step: bp_pick_xtile).
  *
@@ -8,7 +8,7 @@
  * terms together). A CPU with 512-bit units then unpacks, converts, scales and accumulates
  * two rows' weights an instruction (Zen 5: a decode step's Q4_1 matmuls ran ~1.4x faster).
  * Each weight is the same float: the same integer, the same scale, the same operation. */
-#include "quant_tiles.h"
+#include "quant_tiles_body.h"
 
 #ifdef BP_X86
 #define ZTARGET "avx2,fma,f16c,avx512f,avx512vl,avx512dq,avx512bw"
@@ -187,48 +187,26 @@ QTILE_BODY(qtile_tall, TALL_ROWS, 2) /* five to eight, in 32 registers (quant.h'
         }                                                                                                   \
         QTILE_DISPATCH(TYPE);                                                                               \
     }
-QTILE_FN_AVX512(q4_0_avx512, T_Q4_0)
-XTILE_FN(q4_0_avx512_x, T_Q4_0)
-QTILE_FN_AVX512(q4_1_avx512, T_Q4_1)
-XTILE_FN(q4_1_avx512_x, T_Q4_1)
-QTILE_FN_AVX512(q5_0_avx512, T_Q5_0)
-XTILE_FN(q5_0_avx512_x, T_Q5_0)
-QTILE_FN_AVX512(q5_1_avx512, T_Q5_1)
-XTILE_FN(q5_1_avx512_x, T_Q5_1)
-QTILE_FN_AVX512(q8_0_avx512, T_Q8_0)
-XTILE_FN(q8_0_avx512_x, T_Q8_0)
-QTILE_FN_AVX512(q4_k_avx512, T_Q4_K)
-XTILE_FN(q4_k_avx512_x, T_Q4_K)
-QTILE_FN_AVX512(q5_k_avx512, T_Q5_K)
-XTILE_FN(q5_k_avx512_x, T_Q5_K)
-QTILE_FN_AVX512(q6_k_avx512, T_Q6_K)
-XTILE_FN(q6_k_avx512_x, T_Q6_K)
+/* Every quantized type's two tiles (quant.h's BP_QUANT_TYPES): q4_0_avx512 and q4_0_avx512_x, and
+ * so on, and each picker's switch among them. */
+#define TILES_AVX512(id, name, bytes, elems) QTILE_FN_AVX512(name##_avx512, id) XTILE_FN(name##_avx512_x, id)
+BP_QUANT_TYPES(TILES_AVX512)
 
+#define BP_TWIN_FN(name) name##_avx512
 qtile_fn bp_qtile_avx512(int type) {
     switch (type) {
-    case T_Q4_0: return q4_0_avx512;
-    case T_Q4_1: return q4_1_avx512;
-    case T_Q5_0: return q5_0_avx512;
-    case T_Q5_1: return q5_1_avx512;
-    case T_Q8_0: return q8_0_avx512;
-    case T_Q4_K: return q4_k_avx512;
-    case T_Q5_K: return q5_k_avx512;
-    case T_Q6_K: return q6_k_avx512;
+    BP_QUANT_TYPES(BP_QUANT_CASE)
     default: return NULL; /* F16, BF16, F32: the buffer (their weights need no unpacking) */
     }
 }
+#undef BP_TWIN_FN
 
+#define BP_TWIN_FN(name) name##_avx512_x
 xtile_fn bp_xtile_avx512(int type) {
     switch (type) {
-    case T_Q4_0: return q4_0_avx512_x;
-    case T_Q4_1: return q4_1_avx512_x;
-    case T_Q5_0: return q5_0_avx512_x;
-    case T_Q5_1: return q5_1_avx512_x;
-    case T_Q8_0: return q8_0_avx512_x;
-    case T_Q4_K: return q4_k_avx512_x;
-    case T_Q5_K: return q5_k_avx512_x;
-    case T_Q6_K: return q6_k_avx512_x;
+    BP_QUANT_TYPES(BP_QUANT_CASE)
     default: return NULL;
     }
 }
+#undef BP_TWIN_FN
 #endif
