@@ -18,8 +18,9 @@ from batchproof.engine.draft.drafter import Drafter
 from batchproof.engine.engine import Engine
 from batchproof.engine.model.ops import kernels
 from batchproof.engine.model.weights import quant_weight
+from batchproof.engine.outputs import VersionSpan
 from batchproof.engine.sampling.params import SamplingParams
-from batchproof.engine.sequence import Sequence, Status, VersionSpan
+from batchproof.engine.sequence import Sequence, Status
 from batchproof.engine.speculative.verify import verify
 from batchproof.engine.text.text_stream import TextStream
 from tests.engine.test_int8_numerics import cpu_has_vnni, odd_shape

@@ -11,9 +11,9 @@ import torch
 from batchproof.engine.cache.kv_cache import KVCache
 from batchproof.engine.engine import Engine
 from batchproof.engine.model.transformer import Segment
+from batchproof.engine.outputs import RequestOutput
 from batchproof.engine.sampling.logprobs import TokenRecord
 from batchproof.engine.sampling.params import SamplingParams
-from batchproof.engine.sequence import RequestOutput
 
 REFERENCE = json.loads((Path(__file__).parent / "reference" / "hf_reference.json").read_text())
 FRANCE = "What is the capital of France?"

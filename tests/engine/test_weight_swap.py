@@ -14,8 +14,8 @@ import pytest
 from batchproof.engine.config import EngineConfig
 from batchproof.engine.engine import Engine
 from batchproof.engine.model.known_models import resolve_model
+from batchproof.engine.outputs import VersionSpan
 from batchproof.engine.sampling.params import SamplingParams
-from batchproof.engine.sequence import VersionSpan
 from batchproof.engine.weight_versions import default_version, spans
 from tests.helpers.second_model import gemma_package  # noqa: F401 (a fixture)
 

@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from batchproof.engine.model.known_models import resolve_model
+from batchproof.engine.outputs import RequestOutput
 from batchproof.engine.sampling.logprobs import TokenRecord, TopEntry
-from batchproof.engine.sequence import RequestOutput
 from batchproof.notary.records import Rollout
 from batchproof.server.errors import APIError
 from batchproof.server.trainer import verify_rollouts

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from batchproof.engine.sequence import RequestOutput
-from batchproof.server.chat.formatter import ChatFormatter
+from batchproof.engine.outputs import RequestOutput
+from batchproof.server.chat.formatter import ChatFormatter, ChatShape
 from batchproof.server.completions.formatter import CompletionsFormatter, CompletionsShape
 from batchproof.server.errors import APIError
 from batchproof.server.serving import sse_events
@@ -182,8 +182,8 @@ def test_ids_that_do_not_number_the_tokens_fail_closed(route) -> None:
     """Never a 200 (whole: a 500), and a stream ends on the error without [DONE] or usage."""
     def formatter():
         if route == CHAT:
-            return ChatFormatter("r", "m", None, 1, wants_records=False, include_usage=True, prompt_ids=[1, 2],
-                                 return_token_ids=True)
+            return ChatFormatter("r", "m", None, [1, 2], 1,
+                                 ChatShape(wants_records=False, include_usage=True, return_token_ids=True))
         shape = CompletionsShape(num_logprobs=None, echo=False, num_prompt_logprobs=None, include_usage=True,
                                  return_token_ids=True)
         return CompletionsFormatter("r", "m", None, [[1, 2]], 1, shape)

@@ -15,7 +15,7 @@ _PUBLIC = {
     "BatchSummary": "batchproof.engine.engine",
     "EngineConfig": "batchproof.engine.config",
     "SamplingParams": "batchproof.engine.sampling.params",
-    "RequestOutput": "batchproof.engine.sequence",
+    "RequestOutput": "batchproof.engine.outputs",
 }
 __all__ = sorted(_PUBLIC)
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from batchproof.engine.engine import BatchSummary, Engine
 from batchproof.engine.inbox import ABORTED_BY_REQUEST, Abort, Add, Control, PauseMode, Swap, WeightSwap
+from batchproof.engine.outputs import RequestOutput
 from batchproof.engine.sampling.params import SamplingParams
-from batchproof.engine.sequence import RequestOutput
 
 # A step that raises fails its own requests and the engine goes on; this many in a row mean
 # the engine itself is broken (a fault before anyone is scheduled repeats for ever): it stops.

@@ -25,12 +25,12 @@ from batchproof.engine.model.ops.threads import ThreadShare, read_machine
 from batchproof.engine.model.source import model_source, pinned_files
 from batchproof.engine.model.spec import ModelSpec
 from batchproof.engine.model.transformer import Transformer
-from batchproof.engine.outputs import OutputProcessor
+from batchproof.engine.outputs import OutputProcessor, RequestOutput
 from batchproof.engine.runner import ModelRunner
 from batchproof.engine.sampling.params import SamplingParams
 from batchproof.engine.sampling.sampler import logit_bias_row
 from batchproof.engine.scheduler import ScheduledStep, Scheduler
-from batchproof.engine.sequence import RequestOutput, Sequence
+from batchproof.engine.sequence import Sequence
 from batchproof.engine.speculative.propose import propose
 from batchproof.engine.speculative.verify import verify
 from batchproof.engine.text.text_stream import TextStream

@@ -1,9 +1,10 @@
 """After the forward pass: choose each row's token, record its logprobs, advance or finish
-its sequence, and say what it produced. Pure bookkeeping over the step's logits."""
+its sequence, and say what it produced (RequestOutput, what the engine reports: a delta per
+step; the server reads these, never a Sequence). Pure bookkeeping over the step's logits."""
 
 import dataclasses
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -19,8 +20,52 @@ from batchproof.engine.sampling.sampler import (
     greedy_tokens,
     processed_logits,
 )
-from batchproof.engine.sequence import RequestOutput, Sequence
+from batchproof.engine.sequence import Sequence
 from batchproof.engine.text.text_stream import TextDelta
+
+
+@dataclass
+class RequestOutput:
+    """A delta: the text, token ids and records released by one step, and how the request ended."""
+
+    request_id: str
+    text: str
+    records: list[TokenRecord]
+    num_prompt_tokens: int
+    num_output_tokens: int
+    finish_reason: str | None = None  # "stop", "length", "abort" or "error"
+    error: str | None = None
+    # What kind of error: "grammar_exhausted" is the request's own (its grammar and its min_tokens
+    # or ignore_eos left no token), so the server answers 400; None is the server's (500).
+    error_code: str | None = None
+    prompt_records: list[TokenRecord | None] | None = None  # echo scoring, on the first delta
+    num_kept_tokens: int = 0  # output tokens whose bytes reach the reply (all, unless a stop string cut)
+    num_cached_tokens: int = 0  # prompt tokens whose keys and values came from the prefix cache
+    # The ids of the tokens whose text this delta releases, always (records only with logprobs):
+    # over a request's deltas they number num_kept_tokens, in the places the records take.
+    token_ids: list[int] = field(default_factory=list)
+    # Speculative decoding, so far: tokens drafted for this request, and of those, emitted.
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    # The end-of-turn/EOS token that ended the reply (finish_reason "stop" without a stop string),
+    # on the last delta: no part of the text, its record (with logprobs) kept so a trainer can
+    # train on the decision to stop. Not counted in num_output_tokens nor num_kept_tokens.
+    end_token_id: int | None = None
+    end_record: TokenRecord | None = None
+    # Which weights chose the tokens (docs/weight-versions.md): the version that chose this
+    # delta's last token (with none: the version serving when it was made), and the versions of
+    # its token_ids as spans indexed over the reply's tokens, so a stream's spans join end to end.
+    weight_version: str = ""
+    weight_version_spans: list["VersionSpan"] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class VersionSpan:
+    """Reply tokens start..end-1 (end excluded) were chosen by the weights labelled `version`."""
+
+    start: int
+    end: int
+    version: str
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """Which weights chose each token: a label per installed model, kept on each sequence as the
 output index where each version began, and stamped on every delta as spans over the reply."""
 
-from batchproof.engine.sequence import RequestOutput, Sequence, VersionSpan
+from batchproof.engine.outputs import RequestOutput, VersionSpan
+from batchproof.engine.sequence import Sequence
 
 # A version defaults to the first 16 hex digits of the served bytes' sha256 (64 bits: two
 # checkpoints of one run do not collide; /weight_info gives the whole hash beside it).

@@ -16,8 +16,8 @@ from ray import serve
 from batchproof.engine.async_engine import AsyncEngine
 from batchproof.engine.config import EngineConfig
 from batchproof.engine.engine import Engine
+from batchproof.engine.outputs import RequestOutput
 from batchproof.engine.sampling.params import SamplingParams
-from batchproof.engine.sequence import RequestOutput
 from batchproof.fleet.loopback import bind_serve_grpc_to_node_address
 from batchproof.fleet.registry import HEARTBEAT_S, get_registry
 from batchproof.server.batch_log import BatchLog

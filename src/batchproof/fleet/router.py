@@ -10,8 +10,8 @@ import ray
 
 from batchproof.engine.async_engine import Opened
 from batchproof.engine.model.front import ModelFront
+from batchproof.engine.outputs import RequestOutput
 from batchproof.engine.sampling.params import SamplingParams
-from batchproof.engine.sequence import RequestOutput
 from batchproof.fleet.registry import HEARTBEAT_S
 from batchproof.fleet.replica import Refused
 from batchproof.server.errors import APIError

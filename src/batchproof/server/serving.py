@@ -12,7 +12,7 @@ from starlette.responses import Response, StreamingResponse
 
 from batchproof.common.wire import REPLICA_HEADER
 from batchproof.engine.async_engine import ABORTED_BY_REQUEST, Opened
-from batchproof.engine.sequence import RequestOutput
+from batchproof.engine.outputs import RequestOutput
 from batchproof.server.engine_client import Backend
 from batchproof.server.errors import APIError, count_mismatch
 from batchproof.server.metrics import Metrics

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
-from batchproof.engine.outputs import OutputProcessor
-from batchproof.engine.sequence import RequestOutput, Sequence
+from batchproof.engine.outputs import OutputProcessor, RequestOutput
+from batchproof.engine.sequence import Sequence
 
 
 @dataclass

@@ -1,8 +1,9 @@
 """The chat.completion reply and its chat.completion.chunk stream."""
 
 import time
+from dataclasses import dataclass
 
-from batchproof.engine.sequence import RequestOutput
+from batchproof.engine.outputs import RequestOutput
 from batchproof.engine.text.tokenizer import Tokenizer
 from batchproof.server.errors import count_mismatch
 from batchproof.server.reply.entries import (
@@ -19,27 +20,37 @@ from batchproof.server.tools import reply as tool_reply
 from batchproof.server.tools.choice import ToolPlan
 
 
+@dataclass(frozen=True)
+class ChatShape:
+    """What the request asked to see: the same for every choice (as completions' CompletionsShape)."""
+
+    wants_records: bool  # `logprobs: true`
+    include_usage: bool
+    num_prompt_logprobs: int | None = None  # vLLM's prompt_logprobs (never streamed)
+    label: dict[str, str] | None = None  # under a constraint: which it was, and raw or processed (plan.logprobs_label)
+    # Tool calls: each choice's text read as calls (None, or a plan that makes none: plain text).
+    tool_plan: ToolPlan | None = None
+    return_token_ids: bool = False  # vLLM's: the prompt's ids at the top, each choice's generated ids on it
+    as_ids: bool = False  # vLLM's return_tokens_as_token_ids: entries spelled `token_id:N`
+
+
 class ChatFormatter(ChunkStream):
-    def __init__(self, request_id: str, model: str, tokenizer: Tokenizer, num_choices: int, wants_records: bool,
-                 include_usage: bool, prompt_ids: list[int], num_prompt_logprobs: int | None = None,
-                 label: dict[str, str] | None = None, tool_plan: ToolPlan | None = None,
-                 return_token_ids: bool = False, as_ids: bool = False) -> None:
+    def __init__(self, request_id: str, model: str, tokenizer: Tokenizer, prompt_ids: list[int], num_choices: int,
+                 shape: ChatShape) -> None:
         self.base = {"id": request_id, "created": int(time.time()), "model": model}
         self.head = {**self.base, "object": "chat.completion.chunk"}
         self.tokenizer = tokenizer
-        self.num_choices = num_choices
-        self.wants_records = wants_records
-        self.include_usage = include_usage
         self.prompt_ids = prompt_ids
-        self.num_prompt_logprobs = num_prompt_logprobs  # vLLM's prompt_logprobs (never streamed)
-        self.label = label or {}  # under a constraint: which it was, and raw or processed (plan.logprobs_label)
-        # Tool calls: each choice's text read as calls (None: plain text, tool_choice none included).
-        self.tool_plan = tool_plan if tool_plan is not None and tool_plan.makes_calls else None
+        self.num_choices = num_choices
+        self.wants_records = shape.wants_records
+        self.include_usage = shape.include_usage
+        self.num_prompt_logprobs = shape.num_prompt_logprobs
+        self.label = shape.label or {}
+        self.tool_plan = shape.tool_plan if shape.tool_plan is not None and shape.tool_plan.makes_calls else None
         self.tool_replies = [tool_reply.ToolReply(self.tool_plan) for _ in range(num_choices)] if self.tool_plan else []
-        # vLLM's return_token_ids: the prompt's ids at the top, each choice's generated ids on it.
-        self.return_token_ids = return_token_ids
-        self.wants_token_ids = return_token_ids  # the runner checks a stream's count
-        self.as_ids = as_ids  # vLLM's return_tokens_as_token_ids: entries spelled `token_id:N`
+        self.return_token_ids = shape.return_token_ids
+        self.wants_token_ids = shape.return_token_ids  # the runner checks a stream's count
+        self.as_ids = shape.as_ids
 
 
     def first_chunks(self) -> list[dict]:

@@ -4,7 +4,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
-from batchproof.server.chat.formatter import ChatFormatter
+from batchproof.server.chat.formatter import ChatFormatter, ChatShape
 from batchproof.server.chat.plan import plan_chat
 from batchproof.server.chat.protocol import ChatCompletionRequest
 from batchproof.server.guards.auth import tenant
@@ -28,10 +28,10 @@ async def chat_completions(request: Request) -> Response:
     state: ServerState = request.app.state.server
     req, plan, tool_plan = await run_in_threadpool(_plan, await request.body(), state, tenant(request))
     submitted = await submit(state, plan, "chatcmpl", tenant(request))
-    formatter = ChatFormatter(submitted.request_id, state.served_model_name, state.front.tokenizer, len(plan.choices),
-                              wants_records=req.logprobs is True, include_usage=plan.include_usage,
-                              prompt_ids=plan.prompts[0], num_prompt_logprobs=req.prompt_logprobs,
-                              label=logprobs_label(plan.choices[0].params), tool_plan=tool_plan,
-                              return_token_ids=bool(req.return_token_ids),
-                              as_ids=bool(req.return_tokens_as_token_ids))
+    shape = ChatShape(wants_records=req.logprobs is True, include_usage=plan.include_usage,
+                      num_prompt_logprobs=req.prompt_logprobs, label=logprobs_label(plan.choices[0].params),
+                      tool_plan=tool_plan, return_token_ids=bool(req.return_token_ids),
+                      as_ids=bool(req.return_tokens_as_token_ids))
+    formatter = ChatFormatter(submitted.request_id, state.served_model_name, state.front.tokenizer, plan.prompts[0],
+                              len(plan.choices), shape)
     return await reply(request, submitted, state.config.request_timeout_s, bool(req.stream), formatter)

@@ -3,7 +3,7 @@
 import time
 from dataclasses import dataclass
 
-from batchproof.engine.sequence import RequestOutput
+from batchproof.engine.outputs import RequestOutput
 from batchproof.engine.text.tokenizer import Tokenizer
 from batchproof.server.errors import count_mismatch
 from batchproof.server.reply.entries import (

@@ -4,8 +4,8 @@ import functools
 import math
 
 from batchproof.common.wire import wire_logprob
+from batchproof.engine.outputs import RequestOutput
 from batchproof.engine.sampling.logprobs import TokenRecord
-from batchproof.engine.sequence import RequestOutput
 from batchproof.engine.text.tokenizer import Tokenizer, incremental_utf8_decoder
 from batchproof.server.errors import APIError
 

@@ -4,7 +4,7 @@ the Chat Completions family's stream framing, which chat's and legacy completion
 from typing import Protocol
 
 from batchproof.common.wire import SSE_DONE, sse
-from batchproof.engine.sequence import RequestOutput
+from batchproof.engine.outputs import RequestOutput
 from batchproof.server.errors import APIError
 
 Delta = tuple[int, RequestOutput]  # (choice index, that choice's delta)

@@ -4,7 +4,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-from batchproof.engine.sequence import RequestOutput
+from batchproof.engine.outputs import RequestOutput
 
 _DONE = object()
 

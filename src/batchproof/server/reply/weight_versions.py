@@ -1,7 +1,7 @@
 """The weight versions a reply carries (docs/weight-versions.md): fields OpenAI's clients ignore,
 on each choice (and each streamed chunk's choice), naming the weights that chose its tokens."""
 
-from batchproof.engine.sequence import RequestOutput, VersionSpan
+from batchproof.engine.outputs import RequestOutput, VersionSpan
 
 
 def _spans(spans: list[VersionSpan]) -> list[dict]:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from batchproof.common.wire import dumps
-from batchproof.engine.sequence import RequestOutput
+from batchproof.engine.outputs import RequestOutput
 from batchproof.engine.text.tokenizer import Tokenizer
 from batchproof.server.errors import APIError, count_mismatch
 from batchproof.server.reply.entries import chat_entry

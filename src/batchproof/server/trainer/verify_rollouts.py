@@ -12,8 +12,8 @@ from fastapi.responses import Response
 from pydantic import StrictFloat, StrictInt, ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from batchproof.engine.outputs import RequestOutput
 from batchproof.engine.rollout_scoring import SCORING_PARAMS, completion_scores
-from batchproof.engine.sequence import RequestOutput
 from batchproof.notary.limits import Bounds, TooLarge, check_sizes
 from batchproof.notary.metrics import Scored, report
 from batchproof.notary.records import RecordError, Rollout, as_float, parse_record
