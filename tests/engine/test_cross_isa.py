@@ -271,6 +271,7 @@ def test_the_default_model_gives_the_same_logits_and_logprobs(level, engine):
 # Recorded on an AVX2 host; an AVX-512 host running this test checks itself against it.
 FINGERPRINTS = {
     "fixed-order-w8-v1": "cf0570a65bcecd3ea10d6173218ec47c16be0c34c7141dd14830e97af3e25b62",
+    "fixed-order-w8-v2": "a5097eaa6767d944e5c7547d60fb2ce32bc34464adddf6228538eaaa5e8307f5",
 }
 
 
@@ -323,7 +324,15 @@ def fingerprint() -> bytes:
         kernels.prompt_attention(q, k_cache, v_cache, 1, 3, 0.125, 2, 4),
         *kernels.top_k_logprobs(logits, 5),
         rotated,
+        # v2: the RoPE tables (SmolLM2's shape, and Gemma's with per-frequency factors and a
+        # linear factor) and sampled choices with the distributions they drew from.
+        *kernels.rope_tables(64, 100000.0, 96, None, 1.0),
+        *kernels.rope_tables(256, 1000000.0, 40, pseudo_random(128, 11).abs() + 1, 8.0),
     ]
+    for i, params in enumerate([SamplingParams(temperature=0.7), SamplingParams(temperature=1.3, top_k=17),
+                                SamplingParams(temperature=0.9, top_p=0.8, min_p=0.02)]):
+        chosen, processed = kernels.sample(logits[i], params, (i + 1) / 4, True)
+        outputs += [torch.tensor([chosen]), processed]
     for qtype in QUANT_TYPES:
         weight = quant_weight(pseudo_blocks(qtype, 9, 256, seed=int(qtype)))
         outputs.append(kernels.linear_q(pseudo_random(3 * 256, 8).view(3, 256), weight, None, 2))

@@ -1,4 +1,5 @@
-"""The sampler against brute-force definitions: bans, NaN, greedy ties, top-k / top-p / min-p, seeds."""
+"""The sampler against brute-force definitions: bans, NaN, greedy ties, top-k / top-p / min-p, seeds.
+Every sampled case runs on both SampleRows: our kernels' (sample.c) and torch_sample."""
 
 import math
 from collections import Counter
@@ -8,6 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from batchproof.engine.model.ops import kernels
+from batchproof.engine.sampling.draws import Draws
 from batchproof.engine.sampling.params import SamplingParams, SamplingParamsError
 from batchproof.engine.sampling.sampler import (
     SamplingError,
@@ -15,7 +18,11 @@ from batchproof.engine.sampling.sampler import (
     banned_for_step,
     choose_token,
     logit_bias_row,
+    torch_sample,
 )
+
+SAMPLERS = [torch_sample] + ([kernels.sample] if kernels.available() else [])
+each_sampler = pytest.mark.parametrize("sample", SAMPLERS, ids=lambda f: f.__module__.rsplit(".", 1)[-1])
 
 NAN, INF = float("nan"), float("inf")
 
@@ -66,17 +73,19 @@ def allowed_ids(values: list[float], params: SamplingParams, slack: float = 1e-5
     return {i for i in keep if probs[i] >= params.min_p * best - slack}
 
 
+@each_sampler
 @settings(max_examples=200, deadline=None)
 @given(row=rows(), params=sampling_params, seed=st.integers(0, 2**32))
-def test_choice_is_never_nan_or_banned_and_stays_in_the_allowed_set(row, params: SamplingParams, seed: int) -> None:
+def test_choice_is_never_nan_or_banned_and_stays_in_the_allowed_set(row, params: SamplingParams, seed: int,
+                                                                     sample) -> None:
     logits, banned = row
     values = usable(logits, banned)
-    generator = torch.Generator().manual_seed(seed)
+    draws = Draws(seed)
     if all(v == -INF for v in values):
         with pytest.raises(SamplingError):
-            choose_token(logits, params, banned, generator)
+            choose_token(logits, params, banned, draws, sample)
         return
-    chosen = choose_token(logits, params, banned, generator)
+    chosen = choose_token(logits, params, banned, draws, sample)
     assert chosen not in banned
     assert not math.isnan(logits[chosen].item())
     assert values[chosen] > -INF, "a token with probability 0 was drawn"
@@ -91,53 +100,58 @@ def test_greedy_picks_the_first_maximum(row) -> None:
     best = max(values)
     if best == -INF:
         return
-    assert choose_token(logits, SamplingParams(temperature=0.0), banned, None) == values.index(best)
+    assert choose_token(logits, SamplingParams(temperature=0.0), banned, None, torch_sample) == values.index(best)
 
 
+@each_sampler
 @settings(max_examples=60, deadline=None)
 @given(row=rows(), params=sampling_params, seed=st.integers(0, 2**32))
-def test_a_seeded_generator_reproduces_its_draws(row, params: SamplingParams, seed: int) -> None:
+def test_a_seeded_generator_reproduces_its_draws(row, params: SamplingParams, seed: int, sample) -> None:
     logits, banned = row
     if all(v == -INF for v in usable(logits, banned)):
         return
 
     def draws() -> list[int]:
-        generator = torch.Generator().manual_seed(seed)
-        return [choose_token(logits, params, banned, generator) for _ in range(8)]
+        draws = Draws(seed)
+        return [choose_token(logits, params, banned, draws, sample) for _ in range(8)]
 
     assert draws() == draws()
 
 
-def test_sampling_follows_the_tempered_softmax() -> None:
+@each_sampler
+def test_sampling_follows_the_tempered_softmax(sample) -> None:
     """4000 draws at temperature 0.5 against softmax(logits / 0.5): within 5 standard errors."""
     logits = torch.tensor([0.0, 1.0, 2.0, -1.0])
     params = SamplingParams(temperature=0.5)
-    generator = torch.Generator().manual_seed(1234)
+    draws = Draws(1234)
     n = 4000
-    counts = Counter(choose_token(logits, params, frozenset(), generator) for _ in range(n))
+    counts = Counter(choose_token(logits, params, frozenset(), draws, sample) for _ in range(n))
     probs = torch.softmax(logits.double() / 0.5, -1).tolist()
     for i, p in enumerate(probs):
         assert abs(counts[i] / n - p) <= 5 * math.sqrt(p * (1 - p) / n) + 1e-3, (counts, probs)
 
 
-def test_min_p_and_top_k_cut_exactly_where_defined() -> None:
+@each_sampler
+def test_min_p_and_top_k_cut_exactly_where_defined(sample) -> None:
     logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
-    generator = torch.Generator().manual_seed(0)
-    seen = {choose_token(logits, SamplingParams(temperature=1.0, min_p=0.35), frozenset(), generator)
+    draws = Draws(0)
+    seen = {choose_token(logits, SamplingParams(temperature=1.0, min_p=0.35), frozenset(), draws, sample)
             for _ in range(300)}
     assert seen == {0, 1}, "min_p 0.35 keeps p >= 0.175"
-    seen = {choose_token(logits, SamplingParams(temperature=1.0, top_k=3), frozenset(), generator) for _ in range(500)}
+    seen = {choose_token(logits, SamplingParams(temperature=1.0, top_k=3), frozenset(), draws, sample)
+            for _ in range(500)}
     assert seen == {0, 1, 2}
-    seen = {choose_token(logits, SamplingParams(temperature=1.0, top_p=0.8), frozenset(), generator)
+    seen = {choose_token(logits, SamplingParams(temperature=1.0, top_p=0.8), frozenset(), draws, sample)
             for _ in range(300)}
     assert seen == {0, 1}, "top_p 0.8: 0.5 + 0.3 already reach it"
 
 
 @pytest.mark.parametrize("logits,temperature", [([1.0, INF, 2.0], 1.0), ([3e38, 1.0], 0.5)])
-def test_sampling_with_an_infinite_logit_picks_it(logits: list[float], temperature: float) -> None:
-    generator = torch.Generator().manual_seed(0)
-    assert choose_token(torch.tensor(logits), SamplingParams(temperature=temperature), frozenset(), generator) == \
-        choose_token(torch.tensor(logits), SamplingParams(temperature=0.0), frozenset(), None)
+@each_sampler
+def test_sampling_with_an_infinite_logit_picks_it(logits: list[float], temperature: float, sample) -> None:
+    draws = Draws(0)
+    assert choose_token(torch.tensor(logits), SamplingParams(temperature=temperature), frozenset(), draws, sample) == \
+        choose_token(torch.tensor(logits), SamplingParams(temperature=0.0), frozenset(), None, torch_sample)
 
 
 # --- penalties: the vectorised code against a per-token loop ------------------------------------
@@ -223,7 +237,7 @@ def test_batched_greedy_equals_one_row_at_a_time(rows, bans):
     batched = greedy_tokens(logits, bans)
     for row, banned, picked in zip(logits, bans, batched):
         try:
-            expected = choose_token(row, SamplingParams(temperature=0.0), banned, None)
+            expected = choose_token(row, SamplingParams(temperature=0.0), banned, None, torch_sample)
         except SamplingError:
             expected = None
         assert picked == expected
@@ -231,21 +245,26 @@ def test_batched_greedy_equals_one_row_at_a_time(rows, bans):
         assert greedy_tokens(logits, bans, kernels.first_max) == batched
 
 
-def test_processed_logits_are_the_distribution_sampled_from() -> None:
-    """softmax(processed_logits) is what multinomial draws from: the bans, temperature, top-k,
-    top-p and min-p applied, the dropped tokens at -inf, the rest renormalised."""
-    from batchproof.engine.sampling.sampler import _sampled_probs, _usable, processed_logits
+@each_sampler
+def test_processed_logits_are_the_distribution_sampled_from(sample) -> None:
+    """softmax(processed_logits) is what a draw is made from: the bans, temperature, top-k, top-p
+    and min-p applied (as allowed_ids defines them), the dropped tokens at -inf, the kept ones
+    their tempered logits; every draw lands on a kept token."""
+    from batchproof.engine.sampling.sampler import processed_logits
 
     logits = torch.linspace(-3.0, 4.0, 50)
     params = SamplingParams(temperature=0.7, top_k=10, top_p=0.9, min_p=0.05)
     banned = frozenset({49})
-    processed = processed_logits(logits, params, banned)
-    probs = _sampled_probs(_usable(logits, banned), params)
-    assert torch.equal(processed == float("-inf"), probs == 0)
-    assert processed[49] == float("-inf") and int((processed > float("-inf")).sum()) <= 10
-    assert torch.allclose(torch.softmax(processed, -1), probs / probs.sum(), atol=1e-6)
+    processed = processed_logits(logits, params, banned, sample)
+    kept = {i for i, v in enumerate(processed.tolist()) if v > -INF}
+    assert kept == allowed_ids(usable(logits, banned), params) and 49 not in kept and len(kept) <= 10
+    tempered = torch.tensor([v / 0.7 if i in kept else -INF for i, v in enumerate(logits.tolist())],
+                            dtype=torch.float64)
+    assert torch.allclose(torch.softmax(processed.double(), -1), torch.softmax(tempered, -1), atol=1e-6)
+    draws = Draws(7)
+    assert {choose_token(logits, params, banned, draws, sample) for _ in range(300)} <= kept
     greedy = SamplingParams(temperature=0.0)
-    assert torch.equal(processed_logits(logits, greedy, frozenset()), logits)  # greedy: the logits, as vLLM
+    assert torch.equal(processed_logits(logits, greedy, frozenset(), sample), logits)  # greedy: the logits, as vLLM
 
 
 @settings(max_examples=50, deadline=None)

@@ -27,6 +27,7 @@ from batchproof.engine.model.spec import ModelSpec
 from batchproof.engine.model.transformer import Transformer
 from batchproof.engine.outputs import OutputProcessor, RequestOutput
 from batchproof.engine.runner import ModelRunner
+from batchproof.engine.sampling.draws import Draws
 from batchproof.engine.sampling.params import SamplingParams
 from batchproof.engine.sampling.sampler import logit_bias_row
 from batchproof.engine.scheduler import ScheduledStep, Scheduler
@@ -132,7 +133,7 @@ class Engine:
         self.step_cost = StepCost()
         self._drafting_s = 0.0
         self.outputs = OutputProcessor(self.end_ids, self.max_model_len, self.model.ops.normalizer_and_top_k,
-                                       self.model.ops.first_max, config.grammar_mask_timeout_s)
+                                       self.model.ops.first_max, self.model.ops.sample, config.grammar_mask_timeout_s)
 
     @property
     def _runs_natively(self):
@@ -218,14 +219,14 @@ class Engine:
         """Queue a request; a ValueError names what cannot run (the server checks these first)."""
         self._check_request(request_id, prompt_ids, params)
         if params.seed is not None:
-            generator = torch.Generator().manual_seed(params.seed)
+            draws = Draws(params.seed)
         elif not params.is_greedy:
-            generator = torch.Generator().manual_seed(secrets.randbits(63))
+            draws = Draws(secrets.randbits(63))
         else:
-            generator = None
+            draws = None
         prompt_ids = list(prompt_ids)
         seq = Sequence(
-            request_id, prompt_ids, params, TextStream(self.tokenizer, params.stop), generator,
+            request_id, prompt_ids, params, TextStream(self.tokenizer, params.stop), draws,
             logit_bias=logit_bias_row(params.logit_bias, self.tokenizer.vocab_size),
             drafter=(Drafter(prompt_ids, self.config.max_draft_tokens, self.step_cost)
                      if self.is_speculative and params.max_tokens > 1 else None),

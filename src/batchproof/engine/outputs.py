@@ -13,6 +13,7 @@ from batchproof.engine.sampling.logprobs import NormalizerAndTopK, TokenRecord, 
 from batchproof.engine.sampling.sampler import (
     NEG_INF,
     FirstMax,
+    SampleRow,
     SamplingError,
     apply_penalties,
     banned_for_step,
@@ -92,12 +93,13 @@ class OutputProcessor:
     forgets it from that output (this class keeps no table of them)."""
 
     def __init__(self, end_ids: frozenset[int], max_model_len: int, records_backend: NormalizerAndTopK,
-                 greedy_backend: FirstMax, grammar_mask_timeout_s: float) -> None:
+                 greedy_backend: FirstMax, sample_backend: SampleRow, grammar_mask_timeout_s: float) -> None:
         self.end_ids = end_ids
         self.max_model_len = max_model_len
         # The engine's ops (kernel or torch, chosen at load) for the records and the greedy choice.
         self.records_backend = records_backend
         self.greedy_backend = greedy_backend
+        self.sample_backend = sample_backend  # a sampled choice and its distribution (sampler.SampleRow)
         self.num_tokens = 0  # tokens appended since the last take_num_tokens()
         self.grammar_wait_s = 0.0  # how long steps waited for grammar masks (the bench reads it)
         # The longest one step waits for all its rows' masks together: a stuck grammar worker
@@ -125,7 +127,7 @@ class OutputProcessor:
         # Records read the same logits the choice read, after it: asking for them changes nothing.
         wanted = [i for i, (s, c) in enumerate(zip(seqs, choices)) if s.wants_records and c.token_id is not None]
         if wanted:
-            recorded = [processed_logits(masked[i], seqs[i].params, banned[i])
+            recorded = [processed_logits(masked[i], seqs[i].params, banned[i], self.sample_backend)
                         if seqs[i].params.logprobs_mode == "processed" else rows[i] for i in wanted]
             records = build_records(
                 _rows(logits, recorded, wanted),
@@ -185,7 +187,8 @@ class OutputProcessor:
                                self._nothing_allowed(seq, banned[i], step))
             else:
                 try:
-                    choices.append(_Choice(choose_token(row, seq.params, banned[i], seq.generator), None))
+                    chosen = choose_token(row, seq.params, banned[i], seq.draws, self.sample_backend)
+                    choices.append(_Choice(chosen, None))
                 except SamplingError:
                     choices.append(self._nothing_allowed(seq, banned[i], step))
                 except RuntimeError as e:  # this request fails; the batch goes on

@@ -9,6 +9,7 @@ import torch
 
 from batchproof.engine.draft.drafter import Drafter
 from batchproof.engine.grammar.state import GrammarState
+from batchproof.engine.sampling.draws import Draws
 from batchproof.engine.sampling.logprobs import TokenRecord
 from batchproof.engine.sampling.params import SamplingParams
 from batchproof.engine.text.text_stream import TextStream
@@ -47,7 +48,7 @@ class Sequence:
     prompt_ids: list[int]
     params: SamplingParams
     text: TextStream
-    generator: torch.Generator | None
+    draws: Draws | None  # a sampled request's stream (draws.py); None when greedy
     arrival_time: float = field(default_factory=time.monotonic)
     status: Status = Status.WAITING
     slot: int | None = None

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import torch
 
 from batchproof.engine.cache.kv_cache import KVCache
-from batchproof.engine.model.ops import HeadLayout, Ops, RopeTables
+from batchproof.engine.model.ops import HeadLayout, Ops, RopeTables, kernels
 from batchproof.engine.model.spec import ModelFile, ModelSpec
 from batchproof.engine.model.weights import QuantWeight, RawTensor, as_raw
 
@@ -39,7 +39,12 @@ class LayerWeights:
 
 def rope_tables(rope_dim: int, base: float, max_len: int, freq_factors: torch.Tensor | None,
                 linear_factor: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin: [max_len, rope_dim / 2], computed as Hugging Face computes them (float32)."""
+    """cos, sin: [max_len, rope_dim / 2], formed as Hugging Face forms them (float32). With our
+    kernels built, by sample.c (its powers, cos and sin in fixed double arithmetic, the same bits
+    on every host: torch's vectorised pow, cos and sin differ between instruction sets); else by
+    torch's."""
+    if kernels.available():
+        return kernels.rope_tables(rope_dim, base, max_len, freq_factors, linear_factor)
     exponents = torch.arange(0, rope_dim, 2, dtype=torch.int64).float() / rope_dim
     inv_freq = 1.0 / (base**exponents)
     if freq_factors is not None:  # Llama 3.x long-context scaling, stored per frequency

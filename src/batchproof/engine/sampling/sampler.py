@@ -1,10 +1,16 @@
-"""Choosing the next token: penalties, bans and sampling, as pure functions of one row."""
+"""Choosing the next token: penalties, bans and sampling, as pure functions of one row.
+
+A sampled choice is made by a `SampleRow` chosen once at load: our kernels' (sample.c: the
+distribution and the draw in one fixed order, the same bits on every host), or, without them,
+`torch_sample`, the same rules in torch's arithmetic. The draw's number comes from the
+sequence's own counter-based stream (draws.py), never a library's generator."""
 
 from collections import Counter
 from collections.abc import Callable
 
 import torch
 
+from batchproof.engine.sampling.draws import Draws
 from batchproof.engine.sampling.params import SamplingParams
 
 NEG_INF = float("-inf")
@@ -65,8 +71,13 @@ def _usable(logits: torch.Tensor, banned_ids: frozenset[int]) -> torch.Tensor:
     return usable
 
 
-def choose_token(logits: torch.Tensor, params: SamplingParams, banned_ids: frozenset[int],
-                 generator: torch.Generator | None) -> int:
+# (usable row [V] float32: NaN and bans already -inf, its maximum finite; the params; the
+# draw u in [0, 1); whether to return the processed row) -> (chosen id, processed row or None).
+SampleRow = Callable[[torch.Tensor, SamplingParams, float, bool], tuple[int, torch.Tensor | None]]
+
+
+def choose_token(logits: torch.Tensor, params: SamplingParams, banned_ids: frozenset[int], draws: Draws | None,
+                 sample: SampleRow) -> int:
     """logits: [V] after penalties -> the chosen id. Never picks NaN or a banned id."""
     usable = _usable(logits, banned_ids)
     best = usable.max()
@@ -74,18 +85,19 @@ def choose_token(logits: torch.Tensor, params: SamplingParams, banned_ids: froze
         raise SamplingError("no token can be chosen: every logit is NaN, -inf or banned")
     if params.is_greedy or best == float("inf"):
         return int(usable.argmax())  # the first maximum: ties (and +inf, which takes all the mass) to the lower id
-    return int(torch.multinomial(_sampled_probs(usable, params), 1, generator=generator))
+    return sample(usable, params, draws.next(), False)[0]
 
 
-def processed_logits(logits: torch.Tensor, params: SamplingParams, banned_ids: frozenset[int]) -> torch.Tensor:
+def processed_logits(logits: torch.Tensor, params: SamplingParams, banned_ids: frozenset[int],
+                     sample: SampleRow) -> torch.Tensor:
     """logits: [V] after penalties -> [V] whose softmax is the distribution the choice was made
     from: the bans, then (when sampling) temperature, top-k, top-p and min-p; a dropped token is
-    -inf. Greedy requests keep their logits, as vLLM's processed logprobs do: a point mass would
-    say nothing."""
+    -inf, a kept one its scaled logit (x - max) / temperature. Greedy requests keep their
+    logits, as vLLM's processed logprobs do: a point mass would say nothing."""
     usable = _usable(logits, banned_ids)
     if params.is_greedy or usable.max() in (NEG_INF, float("inf")):
         return usable
-    return _sampled_probs(usable, params).log()  # log 0 = -inf; the normaliser renormalises
+    return sample(usable, params, 0.0, True)[1]  # the draw's number changes nothing here
 
 
 def first_max(logits: torch.Tensor) -> torch.Tensor:
@@ -117,22 +129,31 @@ def greedy_tokens(logits: torch.Tensor, banned: list[frozenset[int]],
     return [None if i < 0 else i for i in picks]
 
 
-def _sampled_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """[V] usable logits -> the (unnormalised) probabilities multinomial draws from."""
+def torch_sample(usable: torch.Tensor, params: SamplingParams, u: float,
+                 want_processed: bool) -> tuple[int, torch.Tensor | None]:
+    """A SampleRow in torch's arithmetic, where our kernels are not built: sample.c's rules
+    (read them there), with torch's exp and sums, so its bits are this host's torch's."""
     # The max goes first: a huge logit divided by a small temperature must not overflow.
-    scaled = (logits - logits.max()) / params.temperature
+    scaled = (usable - usable.max()) / params.temperature
     if 0 < params.top_k < scaled.shape[-1]:
         kth = scaled.topk(params.top_k).values[-1]
         scaled = torch.where(scaled < kth, NEG_INF, scaled)
-    probs = torch.softmax(scaled, dim=-1)
+    weights = torch.where(scaled == NEG_INF, 0.0, scaled.exp())
     if params.top_p < 1.0:
-        sorted_probs, order = probs.sort(descending=True, stable=True)
-        mass_before = sorted_probs.cumsum(-1) - sorted_probs
-        drop = order[1:][mass_before[1:] >= params.top_p]  # the best token always stays
-        probs = probs.index_fill(0, drop, 0.0)
+        order = torch.argsort(-weights, stable=True)  # best first, ties to the lower id
+        ordered = weights[order].double()
+        before = ordered.cumsum(0) - ordered
+        drop = order[1:][before[1:] >= params.top_p * float(weights.double().sum())]  # the best always stays
+        weights = weights.index_fill(0, drop, 0.0)
     if params.min_p > 0.0:
-        probs = torch.where(probs < params.min_p * probs.max(), 0.0, probs)
-    return probs
+        weights = torch.where(weights.double() < params.min_p, 0.0, weights)
+    running = weights.double().cumsum(0)
+    kept = torch.nonzero(weights).flatten()
+    chosen = min(int(torch.searchsorted(running, u * float(running[-1]), right=True)), int(kept[-1]))
+    if weights[chosen] == 0.0:  # a rounding past a kept id onto a dropped one: the next kept
+        chosen = int(kept[kept > chosen][0]) if bool((kept > chosen).any()) else int(kept[-1])
+    processed = torch.where(weights > 0.0, scaled, NEG_INF) if want_processed else None
+    return chosen, processed
 
 
 def banned_for_step(params: SamplingParams, end_ids: frozenset[int], num_generated: int) -> frozenset[int]:

@@ -26,7 +26,7 @@ MAX_STOP_TOTAL_CHARS = 4 * MAX_STOP_STRING_CHARS  # chat's 4 strings at full len
 # ASCII digits only (str.isdigit() also takes "²", which int() refuses), and few of them: int()
 # refuses a string of more than 4,300 digits with a ValueError.
 TOKEN_ID_KEY = re.compile(r"-?[0-9]{1,18}")
-SEED_MODULUS = 2**64  # what torch.Generator.manual_seed takes, read as unsigned
+SEED_MODULUS = 2**64  # a seed read as unsigned, as the draws take it (engine/sampling/draws.py)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import torch
 
 from batchproof.engine.cache.kv_cache import KVCache
 from batchproof.engine.sampling.logprobs import Normalizer, TopK
+from batchproof.engine.sampling.params import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -95,3 +96,7 @@ class Ops(Protocol):
     def first_max(self, logits: torch.Tensor) -> torch.Tensor:
         """[B, V] -> [B]: each row's first maximum (lowest id among ties), NaN never; -1 if
         nothing beats -inf. The greedy choice."""
+
+    def sample(self, usable: torch.Tensor, params: SamplingParams, u: float,
+               want_processed: bool) -> tuple[int, torch.Tensor | None]:
+        """A sampled choice and the distribution it drew from (sampler.SampleRow)."""

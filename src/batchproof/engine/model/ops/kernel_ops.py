@@ -10,6 +10,7 @@ from batchproof.engine.model.ops import kernels, torch_ops
 from batchproof.engine.model.ops.base import HeadLayout, RopeTables
 from batchproof.engine.model.weights import QuantWeight, RawTensor, quant_weight
 from batchproof.engine.sampling.logprobs import Normalizer, TopK
+from batchproof.engine.sampling.params import SamplingParams
 
 # The architectures whose decode layer layers.c runs: pre-norm, fused QKV (bias optional),
 # per-head Q/K norms (qwen3, gemma3), post-norms, SiLU or GELU-tanh, per-layer RoPE tables and
@@ -118,6 +119,10 @@ class KernelOps:
 
     def first_max(self, logits: torch.Tensor) -> torch.Tensor:
         return kernels.first_max(logits.float())
+
+    def sample(self, usable: torch.Tensor, params: SamplingParams, u: float,
+               want_processed: bool) -> tuple[int, torch.Tensor | None]:
+        return kernels.sample(usable, params, u, want_processed)
 
     def normalizer_and_top_k(self, logits: torch.Tensor, k: int) -> tuple[Normalizer, TopK]:
         """Both in one pass over each row (0.17 ms a step at top 20, against 0.8 in torch)."""

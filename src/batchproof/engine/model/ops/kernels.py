@@ -253,6 +253,28 @@ def first_max(logits: torch.Tensor) -> torch.Tensor:
     return ids
 
 
+def sample(usable: torch.Tensor, params, u: float, want_processed: bool) -> tuple[int, torch.Tensor | None]:
+    """sampler.SampleRow on sample.c: the distribution and the draw in one fixed order."""
+    row = usable.detach().to("cpu", torch.float32).contiguous()
+    processed = torch.empty_like(row) if want_processed else None
+    chosen = _library().bp_sample_f32(_ptr(row), row.shape[0], params.temperature, params.top_k, params.top_p,
+                                      params.min_p, u, _ptr(processed) if processed is not None else None)
+    if chosen < 0:
+        raise MemoryError("the sampler could not allocate its scratch rows")
+    return chosen, processed.to(usable.device) if processed is not None else None
+
+
+def rope_tables(rope_dim: int, base: float, max_len: int, freq_factors: torch.Tensor | None,
+                linear_factor: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [max_len, rope_dim / 2] by sample.c's bp_rope_tables: the same bits on every host."""
+    half = rope_dim // 2
+    cos, sin = torch.empty(max_len, half), torch.empty(max_len, half)
+    factors = None if freq_factors is None else freq_factors.detach().to("cpu", torch.float32).contiguous()
+    _library().bp_rope_tables(rope_dim, base, max_len, _ptr(factors) if factors is not None else None,
+                              linear_factor, _ptr(cos), _ptr(sin))
+    return cos, sin
+
+
 def top_k_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, ...]:
     """[B, V] -> (ids [B, k], logits [B, k], row max [B], log_total [B], counts [B]): each
     row's best k (NaN never, ties to the lower id) and its normaliser, in one pass."""

@@ -10,10 +10,12 @@ import torch
 import torch.nn.functional as F
 
 from batchproof.engine.cache.kv_cache import KVCache
+from batchproof.engine.model.ops import kernels
 from batchproof.engine.model.ops.base import HeadLayout, RopeTables
 from batchproof.engine.model.weights import QuantWeight, RawTensor, quant_weight
 from batchproof.engine.sampling import logprobs, sampler
 from batchproof.engine.sampling.logprobs import Normalizer, TopK
+from batchproof.engine.sampling.params import SamplingParams
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -137,3 +139,9 @@ class TorchOps:
 
     def first_max(self, logits: torch.Tensor) -> torch.Tensor:
         return sampler.first_max(logits)
+
+    def sample(self, usable: torch.Tensor, params: SamplingParams, u: float,
+               want_processed: bool) -> tuple[int, torch.Tensor | None]:
+        """Our kernels' sampler where they are built (a GPU host's rows go to it on the CPU: one
+        row per sampled token, and the same bits as every CPU replica's); else torch's."""
+        return (kernels.sample if kernels.available() else sampler.torch_sample)(usable, params, u, want_processed)

@@ -17,7 +17,8 @@
 #include <cpuid.h>
 #endif
 
-#define NUMERICS_VERSION "fixed-order-w8-v1"
+/* v2: the sampled choice, the distribution it draws from and the RoPE tables are ours (sample.c). */
+#define NUMERICS_VERSION "fixed-order-w8-v2"
 
 /* The server puts this into the identity of its numbers: replicas agree bit for bit
  * exactly when their kernels report the same version. */

@@ -95,6 +95,13 @@ void bp_first_max_f32(const float *logits, int64_t B, int64_t V, int64_t *ids);
 void bp_top_k_logprobs_f32(const float *logits, int64_t B, int64_t V, int64_t k, int64_t *ids, float *values,
                            float *row_max, float *log_total, int64_t *counts);
 
+/* ---------------- a sampled choice and the RoPE tables (sample.c) ---------------- */
+
+int64_t bp_sample_f32(const float *usable, int64_t V, float temperature, int64_t top_k, double top_p, double min_p,
+                      double u, float *processed);
+void bp_rope_tables(int64_t rope_dim, double base, int64_t max_len, const float *freq_factors, float linear_factor,
+                    float *cos_out, float *sin_out);
+
 /* ---------------- attention (attention.c) ---------------- */
 
 void bp_decode_attention_f32(const float *q, const float *k_cache, const float *v_cache, float *out,
