@@ -34,6 +34,8 @@ COMMANDS: dict[str, Verb] = {
     "board": Verb("batchproof.commands.board", "probe every server of a board file twice, with negative controls"),
     "verify-rollouts": Verb("batchproof.commands.verify_rollouts",
                             "re-score another engine's rollouts and report the logprob gap", SERVE),
+    "verify-receipt": Verb("batchproof.commands.verify_receipt",
+                           "re-execute reply receipts here or on a server: MATCH, or what differs", SERVE),
 }
 
 

@@ -147,13 +147,13 @@ FIELDS = {
                              "stream_options", "presence_penalty", "frequency_penalty", "logit_bias", "user",
                              "top_k", "min_p", "repetition_penalty", "ignore_eos", "min_tokens", "logprobs",
                              "top_logprobs", "structured_outputs", "response_format", "tools", "tool_choice",
-                             "cache_salt", "unknown"],
+                             "cache_salt", "receipt", "unknown"],
     "/v1/completions": ["prompt", "model", "temperature", "top_p", "n", "stop", "seed", "stream", "stream_options",
                         "logit_bias", "top_k", "min_p", "ignore_eos", "min_tokens", "logprobs", "echo",
-                        "structured_outputs", "response_format", "cache_salt", "unknown"],
+                        "structured_outputs", "response_format", "cache_salt", "receipt", "unknown"],
     "/v1/responses": ["input", "model", "instructions", "temperature", "top_p", "include", "top_logprobs", "text",
                       "tools", "tool_choice", "stream", "store", "previous_response_id", "metadata", "cache_salt",
-                      "unknown"],
+                      "receipt", "unknown"],
 }
 # Now and then a value of the field's own shape with arbitrary insides, so the fuzz reaches the
 # grammar compiler, the tool planner and the metadata check rather than stopping at the type check.

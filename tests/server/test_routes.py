@@ -171,7 +171,8 @@ def test_server_info_reports_what_shapes_the_numbers(server) -> None:
                               "request_timeout_s": server.state.config.request_timeout_s,
                               "api_key_required": False, "logprobs_mode": "raw", "max_logprobs": 20,
                               "max_logprob_entries": server.state.config.max_logprob_entries,
-                              "max_logit_bias": 1024, "max_request_mb": 8.0, "prefix_cache_scope": "shared"}
+                              "max_logit_bias": 1024, "max_request_mb": 8.0, "prefix_cache_scope": "shared",
+                              "receipts": "on_request"}
     assert info["git_commit"] is None or re.fullmatch(r"[0-9a-f]{40}", info["git_commit"])
     assert httpx.get(server.url + "/v1/server_info").json() == info  # stable between calls
 

@@ -37,17 +37,28 @@ def score_rollouts(engine: Engine, rollouts: list[tuple[list[int], list[int]]],
     """Each (prompt ids, completion ids) scored -> its scores, or why it could not be (a string:
     the engine's refusal or error). `on_scored(n)` as n more are done; at most `max_in_flight`
     queued at once (default: four batches' worth, enough to fill every prefill step)."""
+    scored = score_prompts(engine, [(prompt + completion, SCORING_PARAMS) for prompt, completion in rollouts],
+                           on_scored, max_in_flight)
+    return [result if isinstance(result, str) else completion_scores(len(prompt), len(completion), result)
+            for (prompt, completion), result in zip(rollouts, scored)]
+
+
+def score_prompts(engine: Engine, prompts: list[tuple[list[int], SamplingParams]],
+                  on_scored: Callable[[int], None] = lambda done: None,
+                  max_in_flight: int | None = None) -> list[list[TokenRecord | None] | str]:
+    """Each prompt scored under its params (max_tokens 0, prompt_logprobs set) -> its prompt
+    records (None first: nothing comes before the first token), or why it could not be."""
     limit = max_in_flight or 4 * engine.config.max_batch
-    results: list[CompletionScores | str | None] = [None] * len(rollouts)
+    results: list[list[TokenRecord | None] | str | None] = [None] * len(prompts)
     records: dict[int, list] = {}
-    pending = iter(enumerate(rollouts))
+    pending = iter(enumerate(prompts))
     in_flight = 0
 
     def fill() -> None:
         nonlocal in_flight
-        for index, (prompt, completion) in pending:
+        for index, (ids, params) in pending:
             try:
-                engine.add_request(f"score-{index}", prompt + completion, SCORING_PARAMS)
+                engine.add_request(f"score-{index}", ids, params)
             except ValueError as e:  # the engine names what cannot run (a prompt past the context)
                 results[index] = str(e)
                 on_scored(1)
@@ -66,11 +77,7 @@ def score_rollouts(engine: Engine, rollouts: list[tuple[list[int], list[int]]],
             if out.finish_reason is None:
                 continue
             finished += 1
-            if out.error:
-                results[index] = out.error
-            else:
-                results[index] = completion_scores(len(rollouts[index][0]), len(rollouts[index][1]),
-                                                   records.pop(index, []))
+            results[index] = out.error if out.error else records.pop(index, [])
         in_flight -= finished
         if finished:
             on_scored(finished)

@@ -15,6 +15,7 @@ from batchproof.server.guards.auth import tenant
 from batchproof.server.guards.precount import MAX_LISTED_ITEMS
 from batchproof.server.info import server_info, tokenizer_facts
 from batchproof.server.reply.json_body import json_reply
+from batchproof.server.reply.receipt_facts import template_sha256, tokenizer_sha256
 from batchproof.server.request.plan import check_model
 from batchproof.server.request.protocol import ChatMessage
 from batchproof.server.request.unsupported_fields import Strict
@@ -175,8 +176,13 @@ async def info(request: Request) -> dict:
                 "api_key_required": state.api_key_required, "logprobs_mode": config.logprobs_mode,
                 "max_logprobs": config.max_logprobs, "max_logprob_entries": config.max_logprob_entries,
                 "max_logit_bias": config.max_logit_bias, "max_request_mb": config.max_request_mb,
-                "prefix_cache_scope": state.prefix_cache_scope}
-    return server_info(state.client.info(), state.served_model_name, settings)
+                "prefix_cache_scope": state.prefix_cache_scope, "receipts": config.receipts}
+    front = state.front
+    # What a receipt names besides the weights and numerics (docs/receipts.md): a verifier over
+    # --url reads them here. (The tokenizer's hash is computed once, off the loop.)
+    hashes = {"tokenizer_sha256": await run_in_threadpool(tokenizer_sha256, front.tokenizer),
+              "chat_template_sha256": template_sha256(front.chat_template)}
+    return {**server_info(state.client.info(), state.served_model_name, settings), **hashes}
 
 
 async def not_implemented(request: Request) -> Response:

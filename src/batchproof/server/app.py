@@ -34,6 +34,7 @@ from batchproof.server.guards.content_type import RequireJSON
 from batchproof.server.guards.host_check import RequireKnownHost, allowed_hosts
 from batchproof.server.metrics import RequestCounter
 from batchproof.server.openapi import install_openapi
+from batchproof.server.reply.receipt_facts import tokenizer_sha256
 from batchproof.server.responses import route as responses_route
 from batchproof.server.state import ServerState
 from batchproof.server.trainer import control, load_weights, verify_rollouts
@@ -112,6 +113,7 @@ def _start_backend(state: ServerState, start: StartBackend, loop: asyncio.Abstra
             state.on_load_error()
         return
     model_path = backend.engine.front.model_path
+    tokenizer_sha256(backend.engine.front.tokenizer)  # a receipt's, computed once here rather than on the loop
     state.served_model_name = state.config.served_model_name or model_path.stem
     # Fixed at start: a checkpoint swapped in later does not move where the next may come from.
     state.weights_root = Path(os.path.realpath(state.config.weights_root or model_path.parent))

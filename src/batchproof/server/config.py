@@ -77,6 +77,11 @@ class ServerConfig:
                                        "which a new request gets 503 at once; idle connections are not counted "
                                        "(they close after 5 s without a request head)"}
     )
+    receipts: Literal["on_request", "always"] = field(
+        default="on_request",
+        metadata={"help": "receipts (docs/receipts.md): on_request (a request's `receipt: true`) or always (on "
+                          "every reply, whatever the request says)"},
+    )
     logprobs_mode: Literal["raw", "processed"] = field(
         default="raw",
         metadata={"help": "default logprobs: raw (after penalties, before temperature and truncation) or "
@@ -96,6 +101,8 @@ class ServerConfig:
         require(self.max_logprobs >= 0, f"max_logprobs must be >= 0, got {self.max_logprobs}")
         require(self.max_logprob_entries >= 1, f"max_logprob_entries must be >= 1, got {self.max_logprob_entries}")
         require(self.max_logit_bias >= 0, f"max_logit_bias must be >= 0, got {self.max_logit_bias}")
+        require(self.receipts in ("on_request", "always"),
+                f"receipts must be on_request or always, got {self.receipts!r}")
         require(self.logprobs_mode in ("raw", "processed"),
                 f"logprobs_mode must be raw or processed, got {self.logprobs_mode!r}")
         require(self.weights_root is None or self.weights_root.is_dir(),

@@ -102,6 +102,11 @@ class Tokenizer:
     def spelling(self, token_id: int) -> str:
         return self._spellings[token_id].decode("utf-8", errors="surrogatepass")
 
+    def serialized(self) -> str:
+        """The `tokenizers` pipeline as that library writes it (normalizer, pre-tokenizer, model
+        with its merges): what a receipt's tokenizer hash reads besides the ids' spellings and bytes."""
+        return self._hf.to_str()
+
     def special_spellings(self) -> set[str]:
         """The spellings of the control and user-defined tokens (what a chat format is written in)."""
         return {self.spelling(i) for i in self.special_ids}

@@ -15,6 +15,7 @@ from batchproof.server.reply.entries import (
     summed_usage,
 )
 from batchproof.server.reply.formatter import ChunkStream
+from batchproof.server.reply.receipt import ReceiptBook
 from batchproof.server.reply.weight_versions import chunk_versions, reply_versions
 from batchproof.server.tools import reply as tool_reply
 from batchproof.server.tools.choice import ToolPlan
@@ -36,7 +37,7 @@ class ChatShape:
 
 class ChatFormatter(ChunkStream):
     def __init__(self, request_id: str, model: str, tokenizer: Tokenizer, prompt_ids: list[int], num_choices: int,
-                 shape: ChatShape) -> None:
+                 shape: ChatShape, receipts: ReceiptBook | None = None) -> None:
         self.base = {"id": request_id, "created": int(time.time()), "model": model}
         self.head = {**self.base, "object": "chat.completion.chunk"}
         self.tokenizer = tokenizer
@@ -51,7 +52,7 @@ class ChatFormatter(ChunkStream):
         self.return_token_ids = shape.return_token_ids
         self.wants_token_ids = shape.return_token_ids  # the runner checks a stream's count
         self.as_ids = shape.as_ids
-
+        self.receipts = receipts  # a receipt on each choice's last chunk, or on the whole choice
 
     def first_chunks(self) -> list[dict]:
         # stream_mode "live": chunks leave as tokens are made (the probe's S7 reads it).
@@ -63,6 +64,8 @@ class ChatFormatter(ChunkStream):
         return chunks
 
     def chunks(self, index: int, out: RequestOutput) -> list[dict]:
+        if self.receipts is not None:
+            self.receipts.add(index, out)
         delta, finish_reason = ({"content": out.text} if out.text else {}), out.finish_reason
         if self.tool_plan is not None:
             delta, finish_reason = self._tool_delta(index, out)
@@ -79,6 +82,8 @@ class ChatFormatter(ChunkStream):
             choice["token_ids"] = delta_token_ids(out)
         self._add_end(choice, out)
         choice |= chunk_versions(out)  # which weights chose this chunk's tokens
+        if self.receipts is not None and out.finish_reason is not None:
+            choice["receipt"] = self.receipts.receipt(index)
         return [{**self.head, "choices": [choice]}]
 
     def _add_end(self, choice: dict, last: RequestOutput) -> None:
@@ -125,6 +130,8 @@ class ChatFormatter(ChunkStream):
             choice["token_ids"] = reply_token_ids(outputs)
         self._add_end(choice, last)
         choice |= reply_versions(outputs)  # which weights chose the reply's tokens
+        if self.receipts is not None:
+            choice["receipt"] = self.receipts.receipt(index, outputs)
         return choice
 
     def whole(self, outputs: list[list[RequestOutput]]) -> dict:

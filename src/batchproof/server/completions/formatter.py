@@ -17,6 +17,7 @@ from batchproof.server.reply.entries import (
     summed_usage,
 )
 from batchproof.server.reply.formatter import ChunkStream
+from batchproof.server.reply.receipt import ReceiptBook
 from batchproof.server.reply.weight_versions import chunk_versions, reply_versions
 
 
@@ -36,7 +37,7 @@ class CompletionsShape:
 
 class CompletionsFormatter(ChunkStream):
     def __init__(self, request_id: str, model: str, tokenizer: Tokenizer, prompts: list[list[int]], n: int,
-                 shape: CompletionsShape) -> None:
+                 shape: CompletionsShape, receipts: ReceiptBook | None = None) -> None:
         self.base = {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": model}
         self.tokenizer = tokenizer
         self.prompts = prompts
@@ -48,12 +49,14 @@ class CompletionsFormatter(ChunkStream):
         self.offsets = [TextOffsets(tokenizer) for _ in range(len(prompts) * n)]
         self.wants_token_ids = shape.return_token_ids  # the runner checks a stream's count
         self.opened: set[int] = set()  # choices whose first chunk (with prompt_token_ids) is out
-
+        self.receipts = receipts  # a receipt on each choice's last chunk, or on the whole choice
 
     def first_chunks(self) -> list[dict]:
         return []
 
     def chunks(self, index: int, out: RequestOutput) -> list[dict]:
+        if self.receipts is not None:
+            self.receipts.add(index, out)
         choice: dict = {"index": index, "text": out.text, "finish_reason": out.finish_reason, "logprobs": None}
         if self.wants_records:
             token_ids = [r.token_id for r in out.records]
@@ -67,6 +70,8 @@ class CompletionsFormatter(ChunkStream):
             choice["token_ids"] = delta_token_ids(out)  # the ids of the tokens whose text this chunk carries
         self._add_end(choice, out)
         choice |= chunk_versions(out)  # which weights chose this chunk's tokens
+        if self.receipts is not None and out.finish_reason is not None:
+            choice["receipt"] = self.receipts.receipt(index)
         return [{**self.base, "choices": [choice]}]
 
     def _add_end(self, choice: dict, last: RequestOutput) -> None:
@@ -110,6 +115,8 @@ class CompletionsFormatter(ChunkStream):
             choice["token_ids"] = reply_token_ids(outputs)
         self._add_end(choice, last)
         choice |= reply_versions(outputs)  # which weights chose the reply's tokens
+        if self.receipts is not None:
+            choice["receipt"] = self.receipts.receipt(index, outputs)
         return choice
 
     def whole(self, outputs: list[list[RequestOutput]]) -> dict:

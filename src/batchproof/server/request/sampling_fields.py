@@ -14,7 +14,7 @@ LogprobsMode = Literal["raw", "processed"]
 Probability = Annotated[float, Field(gt=0.0, le=1.0)]
 Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
-# What torch.Generator.manual_seed takes: any int64 or uint64.
+# What a seed may be: any int64 or uint64 (the draws take it modulo 2^64: engine/sampling/draws.py).
 Seed = Annotated[StrictInt, Field(ge=-(2**63), le=2**64 - 1)]
 
 
@@ -48,3 +48,5 @@ class SamplingFields(Strict):
     repetition_penalty: Annotated[float, Field(gt=0.0)] | None = None
     ignore_eos: StrictBool | None = None
     min_tokens: Annotated[StrictInt, Field(ge=0)] | None = None
+    # ours: a receipt on each choice, to re-execute it anywhere (docs/receipts.md)
+    receipt: StrictBool | None = None

@@ -22,6 +22,7 @@ from batchproof.engine.outputs import RequestOutput
 from batchproof.engine.text.tokenizer import Tokenizer
 from batchproof.server.errors import APIError, count_mismatch
 from batchproof.server.reply.entries import chat_entry
+from batchproof.server.reply.receipt import ReceiptBook
 from batchproof.server.reply.weight_versions import reply_versions
 from batchproof.server.tools import reply as tool_reply
 from batchproof.server.tools.choice import ToolPlan
@@ -49,9 +50,10 @@ class ResponsesFormatter:
 
     def __init__(self, echo: dict[str, Any], tokenizer: Tokenizer, wants_records: bool,
                  label: dict[str, str] | None, tool_plan: ToolPlan | None,
-                 on_done: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 on_done: Callable[[dict[str, Any]], None] | None = None, receipts: ReceiptBook | None = None) -> None:
         """`echo`: the response object's fields that restate the request (id, model, tools...);
-        `on_done`: given the final response object of a reply that completed (to store it)."""
+        `on_done`: given the final response object of a reply that completed (to store it);
+        `receipts`: the final response carries the reply's receipt (stored with it)."""
         self.echo = echo
         self.created_at = int(time.time())
         self.tokenizer = tokenizer
@@ -64,7 +66,8 @@ class ResponsesFormatter:
         self.is_open = False  # the last item still takes deltas
         self.pending: list[dict[str, Any]] = []  # entries whose text is held back
         self.num_entries = 0
-        self.deltas: list[RequestOutput] = []  # for the weight versions the final response names
+        self.deltas: list[RequestOutput] = []  # for the weight versions (and receipt) the final response names
+        self.receipts = receipts
 
     # --- the stream
 
@@ -187,6 +190,8 @@ class ResponsesFormatter:
         if self.wants_records and self.num_entries != last.num_kept_tokens:
             raise count_mismatch(self.num_entries, last.num_kept_tokens)
         response = self.response("incomplete" if last.finish_reason in INCOMPLETE_REASONS else "completed", last)
+        if self.receipts is not None:
+            response["receipt"] = self.receipts.receipt(0, self.deltas)
         if self.on_done is not None:
             self.on_done(response)
         return response

@@ -13,8 +13,11 @@ from batchproof.server.chat.plan import plan_chat
 from batchproof.server.chat.protocol import ChatCompletionRequest
 from batchproof.server.errors import APIError, shown
 from batchproof.server.guards.auth import tenant
+from batchproof.server.reply.receipt import ReceiptBook
+from batchproof.server.reply.receipt_facts import model_facts
 from batchproof.server.request.plan import Plan, logprobs_label
 from batchproof.server.request.protocol import check_metadata
+from batchproof.server.request.receipt_seeds import seeded, wants_receipts
 from batchproof.server.responses.formatter import ResponsesFormatter
 from batchproof.server.responses.protocol import ResponsesRequest
 from batchproof.server.responses.store import ResponseStore
@@ -98,6 +101,10 @@ async def create_response(request: Request) -> Response:
     store = _store(request)
     req, chat, plan, tool_plan, conversation = await run_in_threadpool(_plan, await request.body(), state, store,
                                                                        key_id)
+    receipts = None
+    if wants_receipts(req.receipt, state.config.receipts):
+        plan = seeded(plan)
+        receipts = ReceiptBook(plan, model_facts(state.backend, uses_template=chat.prompt_token_ids is None))
     submitted = await submit(state, plan, "resp", key_id)
     response_id = submitted.request_id.replace("-", "_", 1)  # OpenAI's spelling: resp_<hex>
 
@@ -106,7 +113,8 @@ async def create_response(request: Request) -> Response:
 
     formatter = ResponsesFormatter(_echo(req, response_id, state.served_model_name), state.front.tokenizer,
                                    wants_records=chat.logprobs is True, label=logprobs_label(plan.choices[0].params),
-                                   tool_plan=tool_plan, on_done=keep if req.store is not False else None)
+                                   tool_plan=tool_plan, on_done=keep if req.store is not False else None,
+                                   receipts=receipts)
     return await reply(request, submitted, state.config.request_timeout_s, bool(req.stream), formatter)
 
 
