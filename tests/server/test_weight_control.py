@@ -4,6 +4,7 @@ body is read; a backend with one has its calls made there. No model is loaded: t
 stand-in, started as a fleet's router is (create_app's `start`)."""
 
 import time
+from functools import cache
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -11,6 +12,8 @@ import pytest
 from starlette.testclient import TestClient
 
 from batchproof.engine.config import EngineConfig
+from batchproof.engine.model.default_model import default_model_path
+from batchproof.engine.model.front import ModelFront
 from batchproof.server.app import create_app
 from batchproof.server.config import ServerConfig
 from batchproof.server.engine_client import Backend, WeightControl
@@ -31,6 +34,12 @@ CONTROL_ROUTES = [
 ]
 
 
+@cache
+def default_front() -> ModelFront:
+    """The default model's tokenizer, chat format and context, read from its header (no weights)."""
+    return ModelFront.read(default_model_path(), EngineConfig())
+
+
 class Client:
     """The model's facts, as a route reads them (EngineClient)."""
 
@@ -38,7 +47,7 @@ class Client:
     weight_version = "v0"
 
     def __init__(self) -> None:
-        self.front = SimpleNamespace(model_path=Path("/weights/model.gguf"))
+        self.front = default_front()
 
     def chat_prompt_ids(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         raise AssertionError("no route here renders a chat")
@@ -142,3 +151,17 @@ def test_the_notary_names_no_version_without_control() -> None:
     assert _weights_now(state)["weight_version"] is None
     state.backend = StandIn(control=Control())
     assert _weights_now(state)["weight_version"] == "v0"
+
+
+def test_a_backend_whose_start_cannot_finish_is_a_load_error_not_a_wait() -> None:
+    """What runs after the backend starts (the tokenizer's hash for receipts) failing leaves the
+    server answering 503 with a reason, as a failed start does, never waiting for a backend."""
+    backend = StandIn(control=None)
+    backend.engine.front = SimpleNamespace(model_path=Path("/m.gguf"))  # no tokenizer to hash
+    with _serve(backend) as client:
+        deadline = time.monotonic() + 30
+        while client.app.state.server.load_error is None:
+            assert time.monotonic() < deadline and client.app.state.server.backend is None
+            time.sleep(0.01)
+        assert client.get("/health").status_code == 503
+        assert client.app.state.server.backend is None

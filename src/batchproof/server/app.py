@@ -104,7 +104,9 @@ def _start_backend(state: ServerState, start: StartBackend, loop: asyncio.Abstra
     """Runs on a loader thread, so /health answers 503 meanwhile."""
     try:
         backend = start(state, loop)
-    except Exception as e:
+        model_path = backend.engine.front.model_path
+        tokenizer_sha256(backend.engine.front.tokenizer)  # a receipt's, computed once here rather than on the loop
+    except Exception as e:  # the server then answers 503 naming it, never waits for a backend that never comes
         state.load_error = load_error_message(e)
         if state.load_error is None:  # a bug: its text (paths, settings) goes to the log, not to clients
             traceback.print_exc(file=sys.stderr)
@@ -112,8 +114,6 @@ def _start_backend(state: ServerState, start: StartBackend, loop: asyncio.Abstra
         if state.on_load_error is not None:
             state.on_load_error()
         return
-    model_path = backend.engine.front.model_path
-    tokenizer_sha256(backend.engine.front.tokenizer)  # a receipt's, computed once here rather than on the loop
     state.served_model_name = state.config.served_model_name or model_path.stem
     # Fixed at start: a checkpoint swapped in later does not move where the next may come from.
     state.weights_root = Path(os.path.realpath(state.config.weights_root or model_path.parent))
