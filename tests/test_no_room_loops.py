@@ -5,7 +5,7 @@ A loop between two folders makes each a reader's prerequisite for the other."""
 
 import pytest
 
-from tests.engine.test_engine_rooms import SRC, imports_in, module_name, rooms_in_a_loop, sibling_edges
+from tests.helpers.import_graph import SRC, imports_in, module_name, rooms_in_a_loop, sibling_edges
 
 PACKAGE = SRC / "batchproof"
 GRAPH = {module_name(path): imports_in(path.read_text()) for path in PACKAGE.rglob("*.py")}

@@ -5,12 +5,10 @@ one inside a function or under `if TYPE_CHECKING:` too: a type-only import is st
 who must open the other file. The rule is derived from the folders, so a new module is covered
 by where it is put, and a new arrow is a line added here on purpose."""
 
-import ast
-from pathlib import Path
-
 import pytest
 
-SRC = Path(__file__).resolve().parents[2] / "src"
+from tests.helpers.import_graph import SRC, imports_in, module_name, rooms_in_a_loop, sibling_edges
+
 ENGINE = SRC / "batchproof" / "engine"
 MAX_TOP_LEVEL_MODULES = 12  # issue 59: the step loop's ground floor, the rest in its packages
 
@@ -41,60 +39,7 @@ ALLOWED = {
 }
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(SRC).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def exists(name: str) -> bool:
-    path = SRC / Path(*name.split("."))
-    return path.is_dir() or path.with_suffix(".py").exists()
-
-
-def imports_in(code: str) -> set[str]:
-    """Our modules that `code` names in any import, at any depth, type-only included:
-    `from batchproof.x import y` names batchproof.x.y where that is a module, else batchproof.x."""
-    names = set()
-    for node in ast.walk(ast.parse(code)):
-        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("batchproof"):
-            for alias in node.names:
-                full = f"{node.module}.{alias.name}"
-                names.add(full if exists(full) else node.module)
-        elif isinstance(node, ast.Import):
-            names |= {alias.name for alias in node.names if alias.name.startswith("batchproof")}
-    return names
-
-
 GRAPH = {module_name(path): imports_in(path.read_text()) for path in ENGINE.rglob("*.py")}
-
-
-def sibling_edges(folder: str, graph: dict[str, set[str]]) -> dict[str, set[str]]:
-    """The arrows between the children (modules and packages) of `folder`, e.g. for
-    'batchproof.engine': {'runner': {'cache', 'model', ...}, ...}."""
-    edges: dict[str, set[str]] = {}
-    prefix = folder + "."
-    for source, targets in graph.items():
-        if not source.startswith(prefix):
-            continue
-        child = source[len(prefix):].split(".")[0]
-        for target in targets:
-            if target.startswith(prefix) and (other := target[len(prefix):].split(".")[0]) != child:
-                edges.setdefault(child, set()).add(other)
-    return edges
-
-
-def rooms_in_a_loop(edges: dict[str, set[str]]) -> set[str]:
-    def reach(start: str) -> set[str]:
-        seen: set[str] = set()
-        todo = list(edges.get(start, ()))
-        while todo:
-            current = todo.pop()
-            if current not in seen:
-                seen.add(current)
-                todo.extend(edges.get(current, ()))
-        return seen
-
-    return {room for room in edges if room in reach(room)}
 
 
 FOLDERS = sorted(module_name(path.parent) for path in ENGINE.rglob("__init__.py"))
