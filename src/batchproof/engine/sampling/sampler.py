@@ -149,9 +149,9 @@ def torch_sample(usable: torch.Tensor, params: SamplingParams, u: float,
         weights = torch.where(weights.double() < params.min_p, 0.0, weights)
     running = weights.double().cumsum(0)
     kept = torch.nonzero(weights).flatten()
+    # The first id whose running sum passes the target is a kept one (a dropped id adds nothing);
+    # past the end (a rounding of u * total up to the total), the last kept.
     chosen = min(int(torch.searchsorted(running, u * float(running[-1]), right=True)), int(kept[-1]))
-    if weights[chosen] == 0.0:  # a rounding past a kept id onto a dropped one: the next kept
-        chosen = int(kept[kept > chosen][0]) if bool((kept > chosen).any()) else int(kept[-1])
     processed = torch.where(weights > 0.0, scaled, NEG_INF) if want_processed else None
     return chosen, processed
 

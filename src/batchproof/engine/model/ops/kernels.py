@@ -258,7 +258,7 @@ def sample(usable: torch.Tensor, params, u: float, want_processed: bool) -> tupl
     row = usable.detach().to("cpu", torch.float32).contiguous()
     processed = torch.empty_like(row) if want_processed else None
     chosen = _library().bp_sample_f32(_ptr(row), row.shape[0], params.temperature, params.top_k, params.top_p,
-                                      params.min_p, u, _ptr(processed) if processed is not None else None)
+                                      params.min_p, u, _ptr(processed))
     if chosen < 0:
         raise MemoryError("the sampler could not allocate its scratch rows")
     return chosen, processed.to(usable.device) if processed is not None else None
@@ -270,8 +270,7 @@ def rope_tables(rope_dim: int, base: float, max_len: int, freq_factors: torch.Te
     half = rope_dim // 2
     cos, sin = torch.empty(max_len, half), torch.empty(max_len, half)
     factors = None if freq_factors is None else freq_factors.detach().to("cpu", torch.float32).contiguous()
-    _library().bp_rope_tables(rope_dim, base, max_len, _ptr(factors) if factors is not None else None,
-                              linear_factor, _ptr(cos), _ptr(sin))
+    _library().bp_rope_tables(rope_dim, base, max_len, _ptr(factors), linear_factor, _ptr(cos), _ptr(sin))
     return cos, sin
 
 
