@@ -52,7 +52,8 @@ def test_a_band_the_probe_makes_is_written_in_the_witness_order_with_the_margin_
     band = Band(c=4, m_formed=4, result="PASS", divergence_at=12)
     keys = list(band_json(band))
     assert keys[:6] == ["c", "m_formed", "m_formed_source", "result", "divergence_at", "intra_agree_to"]
-    assert keys[-2:] == ["m_formed_by_replica", "slots"] and "key_order" not in keys and "other_keys" not in keys
+    assert keys[-3:] == ["m_formed_by_replica", "probe_cpu_share", "slots"]
+    assert "key_order" not in keys and "other_keys" not in keys
     parted = band_json(Band(c=4, divergence_at=3, top2_margin_at_divergence=0.01))
     assert list(parted)[4:6] == ["divergence_at", "top2_margin_at_divergence"]
 

@@ -28,7 +28,7 @@ BAND_KEYS = [
     "c", "m_formed", "m_formed_source", "result", "divergence_at", "intra_agree_to",
     "max_constant_run", "declared_min", "max_constant_run_declared", "reason", "decode_tok_s",
     "divergence_slot", "logprob_max_abs_diff", "logprobs_bitwise_equal", "logprobs_attributable",
-    "m_formed_by_replica", "slots",
+    "m_formed_by_replica", "probe_cpu_share", "slots",
 ]
 SLOT_KEYS = [
     "i", "completion_tokens", "finish_reason", "refused", "decode_tok_s", "prompt", "stream_mode",

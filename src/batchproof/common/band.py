@@ -33,6 +33,10 @@ class Band:
     logprobs_bitwise_equal: bool | None = None
     logprobs_attributable: bool | None = None
     m_formed_by_replica: dict[str, int | None] | None = None
+    # The probe's own CPU time over the band, as a share of the cores it may run on (0 to 1): on a
+    # small machine the client competes with the server it measures, so a reader of any server's
+    # witness can see how much of the band's machine the probe itself took.
+    probe_cpu_share: float | None = None
     slots: list[dict[str, Any]] = field(default_factory=list)
     # A band read from a witness (read_band) keeps its keys in order and the keys other probes
     # add, so it is written back as it was read; both are empty for a band the probe made.

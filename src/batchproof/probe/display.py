@@ -77,7 +77,8 @@ def _or_dash(value: Any, spec: str = "") -> str:
 
 
 def _additions(band: Band) -> str:
-    """The v3 additions, when the band has them: worst slot, logprob parity, stream modes."""
+    """The v3 additions, when the band has them: worst slot, logprob parity, stream modes, the
+    probe's own share of the machine's CPUs during the band."""
     parts = []
     slots = band.slots or []
     parted = any(
@@ -92,6 +93,8 @@ def _additions(band: Band) -> str:
     modes = Counter(s["stream_mode"] for s in slots if "stream_mode" in s)
     if modes:
         parts.append("streams=" + ",".join(f"{n} {mode}" for mode, n in sorted(modes.items())))
+    if isinstance(band.probe_cpu_share, int | float):  # as read from another probe's witness: maybe not a number
+        parts.append(f"probe_cpu={100 * band.probe_cpu_share:.0f}%")
     return "".join(f" {part}" for part in parts)
 
 

@@ -3,6 +3,7 @@ answered twice), then each band of c concurrent requests, then on a fleet the re
 
 import asyncio
 import dataclasses
+import os
 import time
 from typing import Any
 
@@ -210,7 +211,7 @@ class Prober:
     ) -> tuple[Band, list[int], list[StreamResult]]:
         """The band, and which prompt each slot asked and what it got (for stream parity)."""
         self.progress.phase(f"band c={c}", c)
-        config, start = self.config, time.perf_counter()
+        config, start, cpu_start = self.config, time.perf_counter(), time.process_time()
         prompts = [i % len(requests) for i in range(c)]
         stagger_s = config.stagger_ms / 1000
         work = asyncio.gather(*(self._tracked(requests[p], i * stagger_s) for i, p in enumerate(prompts)))
@@ -220,9 +221,10 @@ class Prober:
         judgement, worst = self.mode.judge_band(c, m_formed, [as_reference(ref) for ref in references],
                                                 [sample(r) for r in results], [r.replica for r in results],
                                                 self.policy)
+        took_s = time.perf_counter() - start
         band = band_record(c, m_formed, source, judgement, slots, self.matrix, worst, by_replica,
-                           is_reference_logprob_stable)
-        self.progress.phase_done(band_done_line(band, len(results), time.perf_counter() - start, self.mode))
+                           is_reference_logprob_stable, cpu_share(time.process_time() - cpu_start, took_s))
+        self.progress.phase_done(band_done_line(band, len(results), took_s, self.mode))
         return band, prompts, list(results)
 
     async def _tracked(self, request: StreamRequest, delay_s: float = 0.0, is_streamed: bool = True) -> StreamResult:
@@ -232,6 +234,13 @@ class Prober:
         self.fired.append(result)
         self.progress.request_done()
         return result
+
+
+def cpu_share(cpu_s: float, wall_s: float) -> float | None:
+    """CPU seconds over wall seconds times the cores this process may run on (0 to 1), None
+    without a span. process_time counts every thread of the probe, the display's included."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return round(min(1.0, cpu_s / (wall_s * cores)), 4) if wall_s > 0 else None
 
 
 def _named(result: StreamResult) -> list[str]:

@@ -117,6 +117,7 @@ def band_record(
     divergence_slot: int | None = 0,
     m_formed_by_replica: dict[str, int | None] | None = None,
     logprobs_attributable: bool | None = None,
+    probe_cpu_share: float | None = None,
 ) -> Band:
     """One band; `logprobs_attributable` is False when the m=1 reference's own runs differ in
     logprobs (a difference here is then not batching's), None when they were not compared."""
@@ -139,6 +140,7 @@ def band_record(
         logprobs_bitwise_equal=parity.is_bitwise_equal,
         logprobs_attributable=logprobs_attributable,
         m_formed_by_replica=m_formed_by_replica or None,  # null when the histogram names no replica
+        probe_cpu_share=probe_cpu_share,
         slots=[{"i": i, **asdict(s)} for i, s in enumerate(slots)],
     )
 

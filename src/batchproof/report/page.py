@@ -73,6 +73,8 @@ def _band(band: dict[str, Any], n_predict: int) -> str:
     title = (f"c={c} · m_formed {band.get('m_formed')}{source} · {band.get('result')} · "
              f"divergence at {_fmt(band.get('divergence_at'))} · decode {_fmt(band.get('decode_tok_s'), '.1f')} "
              f"tok/s · {logprobs}")
+    if band.get("probe_cpu_share") is not None:  # the probe's own share of the CPUs during the band
+        title += f" · probe CPU {100 * band['probe_cpu_share']:.0f}%"
     why = f'<div class="why">{escape(str(band["reason"]))}</div>' if band.get("reason") else ""
     rows = "".join(strip_row(c, slot, n_predict) for slot in band.get("slots") or [])
     return (f'<section class="band" id="band-{escape(str(c))}" data-c="{escape(str(c))}" '

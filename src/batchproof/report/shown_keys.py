@@ -20,7 +20,7 @@ PAIR_KEYS = {"refused": STRING, "tokens_agree_to": INTEGER, "text_equal": BOOLEA
 CACHE_SLOT_KEYS = PAIR_KEYS | {"c": INTEGER, "i": INTEGER, "cached_tokens": INTEGER}
 RUN_KEYS = {"cached_tokens": INTEGER, "completion_tokens": INTEGER, "refused": STRING}
 SECTION_KEYS = {"result": STRING, "reason": STRING}
-BAND_KEYS = {"m_formed_source": STRING, "reason": STRING}
+BAND_KEYS = {"m_formed_source": STRING, "reason": STRING, "probe_cpu_share": NUMBER}
 SLOT_KEYS = {"refused": STRING, "prompt": INTEGER, "stream_mode": STRING, "stream_mode_conflict": STRING,
              "decode_tok_s": NUMBER}
 
