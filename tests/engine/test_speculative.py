@@ -146,6 +146,34 @@ def test_a_draft_is_kept_only_where_it_slows_no_sequence_in_the_step():
     assert _worth_their_rows([copier], [[7] * 7], cheap) == [[7] * 7]  # alone: its own gain pays
 
 
+def test_a_shadow_draft_the_step_did_not_verify_is_checked_against_the_token_chosen_instead():
+    """Shadows: in a batch too full for probes, each sequence's unverified draft is compared with
+    the tokens the step chose, so its acceptance is measured at no cost; no back-off on a miss
+    (a shadow cost no row), and a grammar's forced tokens are not evidence."""
+    copier = Drafter([5, 6, 7, 8, 5, 6, 7], 15)
+    assert copier.is_probing and copier.acceptance == 0.5
+    reply: list[int] = []
+    for token in (8, 5, 6, 7, 8, 5):
+        draft = copier.propose(reply, room=15)
+        assert draft, reply
+        copier.shadow(draft, len(reply))
+        reply.append(token)  # the step chose the draft's first token
+    copier.propose(reply, room=15)
+    assert copier.num_shadowed == 6 and copier.num_proposed == 0
+    assert copier.acceptance > 0.9 and not copier.is_probing
+    misses, reply = Drafter([5, 6, 7, 8, 5, 6, 7], 15), []
+    for token in (1, 1, 1):
+        misses.shadow(misses.propose(reply, room=15) or [9], len(reply))
+        reply.append(token)  # never the draft's
+    misses.propose(reply, room=15)
+    assert misses.acceptance < 0.2 and misses._wait == 0
+    forced = Drafter([1], 15)
+    forced.propose([], room=5, forced=[4, 4])
+    forced.shadow([4, 4], 0)
+    forced.propose([4], room=5)
+    assert forced.num_shadowed == 0
+
+
 def test_step_costs_follow_this_engine_s_timings():
     """The table until timed; then each measured row count's median (one slow step ignored), and
     the table's shape between and past them. A dearer 2-row step here drafts less."""
@@ -309,6 +337,18 @@ def test_a_mixed_batch_is_bitwise_each_alone_and_plain(engine, plain, size):
         assert signature(together[request_id]) == expected, request_id
         if size == 3:  # (alone speculative == plain has its own tests above; a batch of 16 is the cost)
             assert signature(alone(engine, ids, params, request_id)) == expected, request_id
+
+
+def test_four_identical_copying_prompts_at_once_draft_together_and_stay_bitwise(engine, plain):
+    """c=4 (the witness's band): a batch too full for probes learns from shadows that every
+    sequence copies, then verifies the four drafts in one step where they pay for its rows
+    (propose.py); each reply bitwise the same request alone without speculation."""
+    ids = chat(engine, EDIT)
+    together = engine.generate({f"c{i}": (ids, greedy(60)) for i in range(4)})
+    expected = signature(alone(plain, ids, greedy(60)))
+    for request_id, outs in together.items():
+        assert outs[-1].num_accepted_tokens > 0, request_id
+        assert signature(outs) == expected, request_id
 
 
 def test_a_request_joining_a_speculating_batch_is_bitwise_alone(engine, plain):

@@ -32,6 +32,12 @@ class Drafter:
         self.num_forced = 0  # how many of the current draft's tokens a grammar forces (first)
         self.num_proposed = 0
         self.num_accepted = 0
+        # A draft the step did not verify (its rows did not pay), held to be checked against the
+        # tokens the step chose instead: evidence at no cost, so a batch too full for probes still
+        # learns that its sequences copy (four identical prompts repeat one another's text).
+        self._shadow: list[int] = []
+        self._shadow_at = 0  # len(output_ids) when the shadow was proposed
+        self.num_shadowed = 0
 
     @property
     def acceptance(self) -> float:
@@ -51,9 +57,9 @@ class Drafter:
 
     @property
     def is_probing(self) -> bool:
-        """Nothing measured yet, or no draft length pays at this acceptance: a draft now
-        measures it (a step keeps it only where a row is cheap, propose.py)."""
-        return self.num_proposed == 0 or self._value(self.length) <= 1
+        """Nothing measured yet (verified or shadowed), or no draft length pays at this
+        acceptance: a draft now measures it (a step keeps it only where a row is cheap, propose.py)."""
+        return self.num_proposed + self.num_shadowed == 0 or self._value(self.length) <= 1
 
     def propose(self, output_ids: list[int], room: int, forced: list[int] | None = None) -> list[int]:
         """The draft for the next step (at most `room` tokens), having first indexed the reply's
@@ -62,6 +68,7 @@ class Drafter:
         misses or when nothing matches."""
         seen = len(self.index.token_ids) - self._num_prompt_tokens
         self.index.extend(output_ids[seen:])
+        self._check_shadow(output_ids)
         self.num_forced = min(len(forced or ()), max(room, 0))
         if self.num_forced:
             return list(forced[:self.num_forced])
@@ -69,6 +76,28 @@ class Drafter:
             self._wait -= 1
             return []
         return self.index.draft(min(self.length, room)) if room > 0 else []
+
+    def shadow(self, draft: list[int], num_output_tokens: int) -> None:
+        """The step verifies none of `draft`, proposed after `num_output_tokens` tokens of the
+        reply: the next propose checks it against the tokens chosen instead. A grammar's forced
+        tokens are no evidence of copying (observe), so they are not held."""
+        if not self.num_forced:
+            self._shadow, self._shadow_at = list(draft), num_output_tokens
+
+    def _check_shadow(self, output_ids: list[int]) -> None:
+        """A held draft against the tokens the reply took since: its positions revealed so far
+        enter the estimate as a verified draft's would (each accepted one, and the first that
+        differs). No back-off on a miss: a shadow cost no row."""
+        shadow, self._shadow = self._shadow, []
+        revealed = min(len(shadow), len(output_ids) - self._shadow_at)
+        if revealed <= 0:
+            return
+        accepted = 0
+        while accepted < revealed and output_ids[self._shadow_at + accepted] == shadow[accepted]:
+            accepted += 1
+        self.num_shadowed += 1
+        self._tried = DECAY * self._tried + accepted + (accepted < revealed)
+        self._accepted = DECAY * self._accepted + accepted
 
     def observe(self, num_proposed: int, num_accepted: int) -> None:
         """A verified draft: its positions tried (each accepted one, and the first rejected)."""

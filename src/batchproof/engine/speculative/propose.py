@@ -29,7 +29,11 @@ def propose(seqs: list[Sequence], max_model_len: int,
         room = min(seq.params.max_tokens - len(seq.output_ids) - 1, max_model_len - seq.num_tokens)
         forced = seq.grammar.forced() if seq.grammar is not None and seq.drafter is not None else None
         drafts.append(seq.drafter.propose(seq.output_ids, room, forced) if seq.drafter is not None else [])
-    return _worth_their_rows(seqs, drafts, cost)
+    kept = _worth_their_rows(seqs, drafts, cost)
+    for seq, draft, verified in zip(seqs, drafts, kept):
+        if draft and not verified:  # checked next step against the token chosen instead (drafter.py)
+            seq.drafter.shadow(draft, len(seq.output_ids))
+    return kept
 
 
 def _worth_their_rows(seqs: list[Sequence], drafts: list[list[int]],
