@@ -1,4 +1,5 @@
-"""The transformer forward pass: llama / qwen2 / qwen3 / gemma3, read top to bottom like the architecture."""
+"""The transformer forward pass: llama / qwen2 / qwen3 / gemma3 and the mixtures of experts (qwen3moe,
+olmoe, mixtral: moe/), read top to bottom like the architecture."""
 
 import dataclasses
 from dataclasses import dataclass
@@ -6,6 +7,8 @@ from dataclasses import dataclass
 import torch
 
 from batchproof.engine.cache.kv_cache import KVCache
+from batchproof.engine.model.moe.layer import MoeMlp, MoeWeights
+from batchproof.engine.model.moe.routing import RoutingRule
 from batchproof.engine.model.ops import HeadLayout, Ops, RopeTables, kernels
 from batchproof.engine.model.spec import ModelFile, ModelSpec
 from batchproof.engine.model.weights import QuantWeight, RawTensor, as_raw
@@ -31,10 +34,13 @@ class LayerWeights:
     k_norm: torch.Tensor | None
     wo: Weight  # [dim, q_dim]
     ffn_norm: torch.Tensor  # [dim]
-    w_gate_up: Weight  # [2 * ffn_dim, dim]
-    w_down: Weight  # [dim, ffn_dim]
+    w_gate_up: Weight | None  # [2 * ffn_dim, dim] (None in an MoE layer)
+    w_down: Weight | None  # [dim, ffn_dim]
     post_attn_norm: torch.Tensor | None = None  # [dim] (gemma3: on the attention output)
     post_ffn_norm: torch.Tensor | None = None  # [dim] (gemma3: on the MLP output)
+    moe: MoeWeights | None = None  # the router and experts of an MoE layer (in place of w_gate_up, w_down)
+    q_norm_full: torch.Tensor | None = None  # [q_dim] (olmoe: the whole Q projection normalised)
+    k_norm_full: torch.Tensor | None = None  # [kv_dim]
 
 
 def rope_tables(rope_dim: int, base: float, max_len: int, freq_factors: torch.Tensor | None,
@@ -87,6 +93,7 @@ class Transformer:
         self.embed_scale = (None if spec.embed_scale is None
                             else torch.tensor(spec.embed_scale, dtype=final_norm.dtype, device=self.device))
         self._act = ops.gelu_tanh_mul if spec.mlp_act == "gelu_tanh" else ops.silu_mul
+        self._moe = MoeMlp(ops, self._act, RoutingRule(spec.num_experts_used, spec.is_topk_normalised))
 
     @classmethod
     def from_model_file(cls, model_file: ModelFile, device: torch.device, dtype: torch.dtype, max_len: int,
@@ -106,10 +113,18 @@ class Transformer:
                 return ops.quant_weight(*(as_raw(t[n]) for n in names))
             return torch.cat([get(n) for n in names]) if len(names) > 1 else get(names[0])
 
+        def experts(p: str) -> MoeWeights:
+            """An MoE layer's router (float) and its experts, each gate and up fused as a dense MLP's."""
+            each = [f"{p}experts.{e}." for e in range(model_file.spec.num_experts)]
+            return MoeWeights(router=get(p + "router"),
+                              gate_up=[matmul(e + "w_gate_exp", e + "w_up_exp") for e in each],
+                              down=[matmul(e + "w_down_exp") for e in each])
+
         layers = []
         for i in range(model_file.spec.num_layers):
             p = f"layers.{i}."
             biases = [maybe(p + b) for b in ("bq", "bk", "bv")]
+            is_moe = model_file.spec.is_moe_layer(i)
             layers.append(LayerWeights(
                 attn_norm=get(p + "attn_norm"),
                 wqkv=matmul(p + "wq", p + "wk", p + "wv"),
@@ -118,10 +133,13 @@ class Transformer:
                 k_norm=maybe(p + "k_norm"),
                 wo=matmul(p + "wo"),
                 ffn_norm=get(p + "ffn_norm"),
-                w_gate_up=matmul(p + "w_gate", p + "w_up"),
-                w_down=matmul(p + "w_down"),
+                w_gate_up=None if is_moe else matmul(p + "w_gate", p + "w_up"),
+                w_down=None if is_moe else matmul(p + "w_down"),
                 post_attn_norm=maybe(p + "post_attn_norm"),
                 post_ffn_norm=maybe(p + "post_ffn_norm"),
+                moe=experts(p) if is_moe else None,
+                q_norm_full=maybe(p + "q_norm_full"),
+                k_norm_full=maybe(p + "k_norm_full"),
             ))
             model_file.drop_resident_pages()  # this layer's weights are copied out
         # In the layout the ops multiply, which the embedding lookup also reads: a tied LM head is
@@ -143,7 +161,15 @@ class Transformer:
     def _qkv(self, i: int, layer: LayerWeights, h: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """h: [n, dim] -> q [n, heads, hd], k and v [n, kv_heads, hd], RoPE applied."""
         qkv = self.ops.linear(h, layer.wqkv, layer.bqkv)  # [n, q_dim + 2 kv_dim]
+        if layer.q_norm_full is not None:  # olmoe: Q and K normalised whole, before the heads
+            qkv = self._norm_qk_full(layer, qkv)
         return self.ops.qkv_heads(qkv, self.heads, positions, self.ropes[i], layer.q_norm, layer.k_norm)
+
+    def _norm_qk_full(self, layer: LayerWeights, qkv: torch.Tensor) -> torch.Tensor:
+        q, k, v = qkv.split((self.q_dim, self.kv_dim, self.kv_dim), dim=1)
+        q = self._norm(q.contiguous(), layer.q_norm_full)
+        k = self._norm(k.contiguous(), layer.k_norm_full)
+        return torch.cat([q, k, v], dim=1)
 
     def _add(self, x: torch.Tensor, h: torch.Tensor, w: Weight, post_norm: torch.Tensor | None) -> torch.Tensor:
         """The residual stream x plus h @ w^T, normalised first where the model has a post-norm (gemma3)."""
@@ -153,6 +179,8 @@ class Transformer:
 
     def _mlp(self, layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:
         h = self._norm(x, layer.ffn_norm)
+        if layer.moe is not None:  # a routed layer: its experts' weighted sum (moe/layer.py)
+            return x + self._moe(h, layer.moe)
         gate_up = self.ops.linear(h, layer.w_gate_up)  # [n, 2 * ffn_dim]
         return self._add(x, self._act(gate_up), layer.w_down, layer.post_ffn_norm)
 
@@ -160,8 +188,9 @@ class Transformer:
     def weights_nbytes(self) -> int:
         """Bytes of weights held (a tied LM head counted once)."""
         seen: dict[int, int] = {}
-        for w in [self.embed, self.lm_head, self.final_norm, *(getattr(layer, f.name) for layer in self.layers
-                                                                for f in dataclasses.fields(layer))]:
+        held = [getattr(layer, f.name) for layer in self.layers for f in dataclasses.fields(layer)]
+        held = [t for w in held for t in (w.tensors() if isinstance(w, MoeWeights) else [w])]
+        for w in [self.embed, self.lm_head, self.final_norm, *held]:
             if w is not None:
                 seen[id(w)] = w.nbytes if isinstance(w, QuantWeight) else w.numel() * w.element_size()
         return sum(seen.values())

@@ -9,10 +9,12 @@ from typing import Any
 import numpy as np
 
 from batchproof.engine.model.errors import Metadata, ModelLoadError, shown
-from batchproof.engine.model.gguf.names import our_name
+from batchproof.engine.model.gguf.moe_keys import moe_fields
+from batchproof.engine.model.gguf.names import UNSUPPORTED_MOE_TENSORS, our_name
 from batchproof.engine.model.gguf.reader import GGUFFormatError, TensorEntry, read_gguf
 from batchproof.engine.model.gguf.validate import check_heads, check_tensors, check_vocabulary, head_size
 from batchproof.engine.model.spec import (
+    EXPERT_WEIGHTS,
     GEMMA3_LOCAL_ROPE_BASE,
     GEMMA3_SWA_PATTERN,
     MATMUL_WEIGHTS,
@@ -40,24 +42,32 @@ def _read(path: Path) -> tuple[dict[str, Any], list[TensorEntry]]:
         raise ModelLoadError(f"{path}: truncated or corrupt GGUF file ({e})") from None
 
 
-def _named(entries: list[TensorEntry], path: Path) -> dict[str, TensorEntry]:
-    """The tensors the model uses, by our name (a name the file gives twice is refused)."""
+def _named(entries: list[TensorEntry], arch: str, path: Path) -> dict[str, TensorEntry]:
+    """The tensors the model uses, by our name (a name the file gives twice is refused, and so
+    is a tensor of an MoE variant we do not run)."""
     named: dict[str, TensorEntry] = {}
     seen: set[str] = set()
     for entry in entries:
         if entry.name in seen:
             raise ModelLoadError(f"{path}: tensor {entry.name!r} appears twice")
         seen.add(entry.name)
-        if (name := our_name(entry.name)) is not None:
+        for mark, what in UNSUPPORTED_MOE_TENSORS.items():
+            if mark in entry.name:
+                raise ModelLoadError(f"{path}: tensor {entry.name!r} holds {what}, which batchproof does not run")
+        if (name := our_name(entry.name, arch)) is not None:
             named[name] = entry
     return named
 
 
+# The architectures a GGUF names (a Mixtral is `llama` with llama.expert_count; mixtral is ours).
+GGUF_ARCHS = tuple(arch for arch in ROPE_STYLES if arch != "mixtral")
+
+
 def _arch(meta: dict[str, Any], path: Path) -> str:
     arch = meta.get("general.architecture")
-    if arch not in ROPE_STYLES:
+    if arch not in GGUF_ARCHS:
         raise ModelLoadError(
-            f"{path}: architecture {shown(arch)} is not supported (supported: {', '.join(ROPE_STYLES)})"
+            f"{path}: architecture {shown(arch)} is not supported (supported: {', '.join(GGUF_ARCHS)})"
         )
     return arch
 
@@ -72,11 +82,13 @@ def _spec(meta: dict[str, Any], entries: dict[str, TensorEntry], path: Path) -> 
     num_layers = keys.int(f"{arch}.block_count")
     extra = _gemma3_spec(keys, dim, num_heads, head_dim, num_layers) if arch == "gemma3" else {
         "attn_scale": 1.0 / math.sqrt(head_dim)}
+    ffn_dim = keys.int(f"{arch}.feed_forward_length")
+    moe = moe_fields(keys, arch, ffn_dim, num_layers, entries)
     return ModelSpec(
-        arch=arch,
+        arch="mixtral" if arch == "llama" and moe else arch,
         num_layers=num_layers,
         dim=dim,
-        ffn_dim=keys.int(f"{arch}.feed_forward_length"),
+        ffn_dim=ffn_dim,
         num_heads=num_heads,
         num_kv_heads=keys.int(f"{arch}.attention.head_count_kv", num_heads),
         head_dim=head_dim,
@@ -87,6 +99,7 @@ def _spec(meta: dict[str, Any], entries: dict[str, TensorEntry], path: Path) -> 
         rope_style=ROPE_STYLES[arch],
         norm_eps=keys.float(f"{arch}.attention.layer_norm_rms_epsilon", is_positive=False),
         **extra,
+        **moe,
     )
 
 
@@ -111,7 +124,7 @@ def _gemma3_spec(keys: Metadata, dim: int, num_heads: int, head_dim: int, num_la
 def _checked(meta: dict[str, Any], entries: list[TensorEntry], path: Path) -> tuple[ModelSpec, dict[str, TensorEntry]]:
     """The spec and the tensors it uses, once metadata, tensor shapes and token ids all agree
     (validate.py): nothing reaches the kernels before this."""
-    named = _named(entries, path)
+    named = _named(entries, _arch(meta, path), path)
     spec, keys = _spec(meta, named, path), Metadata(meta, path)
     check_heads(spec, keys)
     check_tensors(spec, named, keys)
@@ -140,6 +153,27 @@ def _raw(tensor: TensorEntry, path: Path, runs_natively: Callable[[int], bool]) 
     return RawTensor(tensor.data.view(np.uint8).reshape(tensor.shape[0], -1), tensor.qtype, tensor.shape)
 
 
+STACKED_EXPERTS = {w + "s": w for w in EXPERT_WEIGHTS}  # "w_gate_exps" -> each expert's "w_gate_exp"
+
+
+def _experts(name: str, entry: TensorEntry, path: Path,
+             runs_natively: Callable[[int], bool] | None) -> dict[str, np.ndarray | RawTensor]:
+    """A stacked [experts, rows, K] tensor as one [rows, K] tensor per expert ("layers.N.w_up_exps"
+    -> "layers.N.experts.E.w_up_exp"): each expert's rows, kept in their blocks (views of the
+    mapping, copied out at load as any weight is) or dequantized."""
+    layer, short = name.rsplit(".", 1)
+    num_experts, rows, k = entry.shape
+    if runs_natively is not None and entry.qtype != 0:
+        if not runs_natively(entry.qtype):
+            raise ModelLoadError(f"{path}: tensor {entry.name!r} has type {entry.type_name}, which the native "
+                                 "kernels do not run; --weights float32 runs it dequantized")
+        blocks = entry.data.view(np.uint8).reshape(num_experts, rows, -1)
+        parts: list = [RawTensor(blocks[e], entry.qtype, (rows, k)) for e in range(num_experts)]
+    else:
+        parts = list(_dequantize(entry, path))
+    return {f"{layer}.experts.{e}.{STACKED_EXPERTS[short]}": part for e, part in enumerate(parts)}
+
+
 def read_model_header(path: Path) -> tuple[dict[str, Any], int]:
     """The metadata and the context length, without reading a tensor's data (a fleet's
     ingress tokenizes from this alone), after the same checks as a full read."""
@@ -158,7 +192,9 @@ def read_model_file(path: Path, runs_natively: Callable[[int], bool] | None = No
     tensors: dict[str, np.ndarray | RawTensor] = {}
     for name, entry in named.items():
         is_float32 = entry.qtype == 0  # F32 blocks are float32 already: a plain array
-        if runs_natively is not None and name.rsplit(".", 1)[-1] in MATMUL_WEIGHTS and not is_float32:
+        if name.rsplit(".", 1)[-1] in STACKED_EXPERTS:
+            tensors |= _experts(name, entry, path, runs_natively)
+        elif runs_natively is not None and name.rsplit(".", 1)[-1] in MATMUL_WEIGHTS and not is_float32:
             tensors[name] = _raw(entry, path, runs_natively)
         else:
             tensors[name] = _dequantize(entry, path)

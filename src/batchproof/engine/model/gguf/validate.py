@@ -14,7 +14,7 @@ from typing import Any
 from batchproof.engine.model.errors import Metadata, shown
 from batchproof.engine.model.gguf.names import gguf_name
 from batchproof.engine.model.gguf.reader import TensorEntry
-from batchproof.engine.model.spec import GLOBAL_SHAPES, LAYER_SHAPES, LAYER_TENSORS, TOGETHER, ModelSpec
+from batchproof.engine.model.spec import GLOBAL_SHAPES, LAYER_SHAPES, TOGETHER, ModelSpec, layer_tensors
 
 
 def head_size(keys: Metadata, arch: str, dim: int, num_heads: int) -> int:
@@ -54,6 +54,8 @@ def _sizes(spec: ModelSpec) -> dict[str, tuple[int, str]]:
         "head_dim": (hd, "the head size"),
         "vocab": (spec.vocab_size, "token_embd.weight's rows"),
         "rope_pairs": (spec.rope_dim // 2, f"{a}.rope.dimension_count / 2"),
+        "experts": (spec.num_experts, f"{a}.expert_count"),
+        "expert_ffn": (spec.expert_ffn_dim, f"{a}.expert_feed_forward_length"),
     }
 
 
@@ -87,9 +89,9 @@ def _expected_tensors(spec: ModelSpec, num_layers: int) -> dict[str, tuple[tuple
     """our name -> (its shape in sizes, whether it is required). Past len(entries) layers some
     tensor must be missing, so the caller stops there: a crafted block_count of 2**60 is
     refused at once instead of listing every name."""
-    required, optional = LAYER_TENSORS[spec.arch]
     expected = {name: (GLOBAL_SHAPES[name], name in ("embed", "final_norm")) for name in GLOBAL_SHAPES}
     for i in range(num_layers):
+        required, optional = layer_tensors(spec, i, is_stacked=True)
         expected |= {f"layers.{i}.{short}": (LAYER_SHAPES[short], short in required) for short in required + optional}
     return expected
 

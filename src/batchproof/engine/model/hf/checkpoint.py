@@ -31,11 +31,11 @@ from batchproof.engine.model.hf.names import IGNORED_SUFFIXES, hf_name, our_name
 from batchproof.engine.model.spec import (
     GLOBAL_SHAPES,
     LAYER_SHAPES,
-    LAYER_TENSORS,
     MATMUL_WEIGHTS,
     TOGETHER,
     ModelFile,
     ModelSpec,
+    layer_tensors,
 )
 from batchproof.engine.model.weights import RawTensor
 
@@ -138,14 +138,16 @@ def _sizes(spec: ModelSpec) -> dict[str, tuple[int, str]]:
         "kv_dim": (spec.num_kv_heads * spec.head_dim, f"num_key_value_heads x head size {spec.head_dim}"),
         "head_dim": (spec.head_dim, "the head size"), "vocab": (spec.vocab_size, "vocab_size"),
         "rope_pairs": (spec.rope_dim // 2, "the head size / 2"),
+        "experts": (spec.num_experts, "the expert count"), "expert_ffn": (spec.expert_ffn_dim, "an expert's MLP size"),
     }
 
 
 def _check_tensors(spec: ModelSpec, stored: dict[str, StoredTensor], directory: Path, is_tied_head: bool) -> None:
     """Each tensor the architecture needs is there, in a dtype we read, of the shape config.json implies."""
-    required, optional = LAYER_TENSORS[spec.arch]
     wanted = {name: name != "lm_head" or not is_tied_head for name in ("embed", "final_norm", "lm_head")}
+    _check_expert_count(spec, stored, directory)
     for i in range(min(spec.num_layers, len(stored) + 1)):  # past len(stored) one is missing anyway
+        required, optional = layer_tensors(spec, i, is_stacked=False)
         wanted |= {f"layers.{i}.{short}": short in required for short in required + optional}
     for name, is_required in wanted.items():
         if is_required and name not in stored:
@@ -173,6 +175,16 @@ def _check_tensors(spec: ModelSpec, stored: dict[str, StoredTensor], directory: 
                                  "(the QKV biases come together)")
 
 
+def _check_expert_count(spec: ModelSpec, stored: dict[str, StoredTensor], directory: Path) -> None:
+    """An MoE layer needs 3 tensors an expert: a config claiming more experts than the files could
+    hold is refused naming the last one's tensor, before a name is listed per expert (a crafted
+    count of 2**40 would otherwise fill the memory with names)."""
+    first_moe = next((i for i in range(spec.num_layers) if spec.is_moe_layer(i)), None)
+    if first_moe is not None and 3 * spec.num_experts > len(stored):
+        name = hf_name(spec.arch, f"layers.{first_moe}.experts.{spec.num_experts - 1}.w_gate_exp")
+        raise ModelLoadError(f"{directory}: tensor {name!r} is missing (in no safetensors file)")
+
+
 def inspect_checkpoint(directory: Path) -> Checkpoint:
     """Everything but the tensors' data, checked (a fleet's ingress and load_weights stop here
     to refuse early)."""
@@ -193,7 +205,7 @@ def inspect_checkpoint(directory: Path) -> Checkpoint:
 def _rope_rows(spec: ModelSpec, short: str) -> np.ndarray | None:
     """llama.cpp's converter order for llama's Q/K rows (and biases): within each head, the
     two halves interleaved, so RoPE's pairs sit side by side; None for every other tensor."""
-    if spec.arch != "llama" or short not in ("wq", "bq", "wk", "bk"):
+    if spec.rope_style != "adjacent" or short not in ("wq", "bq", "wk", "bk"):
         return None
     num_heads = spec.num_heads if short in ("wq", "bq") else spec.num_kv_heads
     half = spec.head_dim // 2

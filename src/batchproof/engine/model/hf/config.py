@@ -15,13 +15,16 @@ from typing import Any
 import numpy as np
 
 from batchproof.engine.model.errors import Metadata, ModelLoadError, shown
+from batchproof.engine.model.hf.moe_config import moe_fields
 from batchproof.engine.model.spec import GEMMA3_LOCAL_ROPE_BASE, GEMMA3_SWA_PATTERN, ROPE_STYLES, ModelSpec
 
 # config.json's model_type -> our architecture (Gemma 3's text-only checkpoints say gemma3_text).
-MODEL_TYPES: dict[str, str] = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3"}
+MODEL_TYPES: dict[str, str] = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3",
+                               "qwen3_moe": "qwen3moe", "olmoe": "olmoe", "mixtral": "mixtral"}
 ACTIVATIONS: dict[str, tuple[str, str]] = {  # arch -> (the key, the one value our kernels run)
     "llama": ("hidden_act", "silu"), "qwen2": ("hidden_act", "silu"), "qwen3": ("hidden_act", "silu"),
     "gemma3": ("hidden_activation", "gelu_pytorch_tanh"),
+    "qwen3moe": ("hidden_act", "silu"), "olmoe": ("hidden_act", "silu"), "mixtral": ("hidden_act", "silu"),
 }
 # Keys whose other values would change the arithmetic in a way we do not implement: value we require.
 MUST_BE: dict[str, Any] = {
@@ -191,5 +194,6 @@ def hf_spec(config: dict[str, Any], arch: str, path: Path, vocab_rows: int) -> t
         num_kv_heads=num_kv_heads, head_dim=head_dim, vocab_size=vocab_rows,
         context_len=keys.int("max_position_embeddings"), rope_dim=head_dim, rope_style=ROPE_STYLES[arch],
         norm_eps=keys.float("rms_norm_eps", is_positive=False), **rope, **extra,
+        **moe_fields(keys, arch, num_layers),
     )
     return spec, rope_freqs

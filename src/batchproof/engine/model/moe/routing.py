@@ -1,0 +1,61 @@
+"""Which experts each token goes to, and with what weight, in arithmetic that no batch can change.
+
+The router's logits come from the same fixed-order linear as every other matmul; the top k
+and each row's log-softmax normaliser from the logprobs' own kernel (ties to the lower expert
+id, one fixed-order sum per row). The probabilities are exp of those log-probabilities through
+`exp_fixed`: torch's exp runs a vectorised body and a scalar tail that can differ in the last
+bit, and which elements reach the tail depends on how many rows the call holds, so a token's
+weights would depend on its batch. Every other step is one IEEE operation per element.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from batchproof.engine.model.ops import Ops
+
+_INV_LN2 = 1.4426950408889634
+# ln 2 split as fdlibm splits it: _LN2_HI has its low bits zero, so k * _LN2_HI is exact for |k| < 2**20.
+_LN2_HI = 6.93147180369123816490e-01
+_LN2_LO = 1.90821492927058770002e-10
+# 1/i! for i = 10..0: on |r| <= ln2 / 2 the first term left out is below 3e-13, far under float32's 6e-8.
+_TAYLOR = [1.0 / float(torch.arange(1, i + 1, dtype=torch.float64).prod()) for i in range(10, -1, -1)]
+
+
+def exp_fixed(x: torch.Tensor) -> torch.Tensor:
+    """exp of a float64 tensor from multiplications, additions, a rounding and the exponent's bits
+    alone: the same bits for an element wherever it sits in the tensor, on every instruction set.
+    Clamped to [-700, 700] (a log-probability of -inf gives ~1e-304, 0 once in float32)."""
+    x = x.clamp(-700.0, 700.0)
+    k = torch.round(x * _INV_LN2)
+    r = (x - k * _LN2_HI) - k * _LN2_LO  # |r| <= ln2 / 2
+    p = torch.full_like(r, _TAYLOR[0])
+    for c in _TAYLOR[1:]:  # Horner, one multiply and one add at a time (never fused)
+        p = p * r + c
+    scale = ((k.to(torch.int64) + 1023) << 52).view(torch.float64)  # 2**k, exactly
+    return p * scale
+
+
+@dataclass(frozen=True)
+class RoutingRule:
+    """How an architecture turns router logits into expert weights (chosen once, at load): every
+    one here takes the softmax over all experts and keeps the best num_used; Mixtral (and a
+    Qwen3-MoE or OLMoE with norm_topk_prob) rescales the kept ones to sum to 1."""
+
+    num_used: int
+    is_topk_normalised: bool
+
+
+def route(ops: Ops, h: torch.Tensor, router: torch.Tensor, rule: RoutingRule) -> tuple[torch.Tensor, torch.Tensor]:
+    """h [n, dim], router [experts, dim] -> (expert ids [n, k] in increasing id order, their
+    weights [n, k] float32), each row's from its own arithmetic alone."""
+    logits = ops.linear(h, router).float()  # [n, experts]
+    _, top = ops.normalizer_and_top_k(logits, rule.num_used)  # best first, ties to the lower id
+    probs = exp_fixed(top.logprobs.double()).float()  # [n, k]: softmax over every expert, kept k
+    if rule.is_topk_normalised:
+        total = probs[:, 0]
+        for j in range(1, probs.shape[1]):  # summed in the best-first order, as transformers' topk has them
+            total = total + probs[:, j]
+        probs = probs / total[:, None]
+    ids, order = top.ids.sort(dim=1)  # ids in a row are distinct: the order is unique
+    return ids, probs.gather(1, order)

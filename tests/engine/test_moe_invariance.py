@@ -1,0 +1,94 @@
+"""A mixture of experts changes no bit with its company: each request's tokens, logprobs (and so
+its routes, which they hang on) are the same alone, in a mixed batch, prefilled in chunks of 7,
+with speculative decoding, and with its prefix from a warm cache; greedy and seeded, from the Hugging Face directory and
+from a GGUF whose experts are Q8_0, in both numerics. And the GGUF of the same float32 weights
+gives the directory's bits exactly."""
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from batchproof.engine.config import EngineConfig
+from batchproof.engine.engine import Engine
+from batchproof.engine.model.moe.routing import exp_fixed
+from batchproof.engine.sampling.params import SamplingParams
+from tests.engine.moe_checkpoints import MOE_CONFIGS, write_moe_checkpoint, write_moe_gguf
+from tests.hf.checkpoints import as_array
+
+GREEDY = SamplingParams(temperature=0, max_tokens=12, top_logprobs=3, ignore_eos=True)
+SEEDED = SamplingParams(temperature=0.9, top_p=0.95, seed=11, max_tokens=12, top_logprobs=2, ignore_eos=True)
+
+
+def _prompts() -> dict[str, tuple[list[int], SamplingParams]]:
+    """Six requests sharing a 40-token prefix (two and a half cache blocks), of 3 to 40 more
+    tokens each, greedy and seeded by turns."""
+    rng = np.random.default_rng(5)
+    shared = rng.integers(0, 256, 40).tolist()
+    return {f"r{i}": (shared + rng.integers(0, 256, n).tolist(), GREEDY if i % 2 else SEEDED)
+            for i, n in enumerate((3, 17, 9, 40, 1, 25))}
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    """name -> {"hf": the directory, "gguf": its F32 GGUF, "q8": its GGUF with Q8_0 experts}."""
+    root = tmp_path_factory.mktemp("moe")
+    made = {}
+    for name in MOE_CONFIGS:
+        directory = write_moe_checkpoint(name, root / name)
+        made[name] = {"hf": directory, "gguf": write_moe_gguf(name, directory, root / f"{name}.gguf"),
+                      "q8": write_moe_gguf(name, directory, root / f"{name}-q8.gguf", gguf.GGMLQuantizationType.Q8_0)}
+    return made
+
+
+def engine_on(path, **settings) -> Engine:
+    return Engine(EngineConfig(model_path=path, device="cpu", max_batch=8, num_threads=1,
+                               **({"speculative": False} | settings)))
+
+
+def run(engine: Engine, requests: dict) -> dict[str, np.ndarray]:
+    out = engine.generate(requests)
+    return {rid: as_array([r for delta in deltas for r in delta.records]) for rid, deltas in out.items()}
+
+
+@pytest.mark.parametrize("source,numerics", [("hf", "float32"), ("q8", "float32"), ("q8", "int8")])
+@pytest.mark.parametrize("name", list(MOE_CONFIGS))
+def test_alone_equals_batched_chunked_and_warm_cache(name, source, numerics, sources):
+    path, requests = sources[name][source], _prompts()
+    cold = engine_on(path, numerics=numerics, prefix_cache=False)
+    alone = {rid: run(cold, {rid: request})[rid] for rid, request in requests.items()}
+    chunked = engine_on(path, numerics=numerics, prefix_cache=False, max_prefill_tokens=7)
+    speculative = engine_on(path, numerics=numerics, prefix_cache=False, speculative=True)
+    for label, engine in [("batched", cold), ("chunked", chunked), ("speculative", speculative)]:
+        together = run(engine, requests)
+        for rid in requests:
+            assert np.array_equal(together[rid], alone[rid]), f"{name} {source} {numerics}: {rid} {label}"
+    warm = engine_on(path, numerics=numerics)
+    run(warm, requests)
+    before = warm.prefix_cache.stats.hit_tokens
+    again = run(warm, requests)
+    assert warm.prefix_cache.stats.hit_tokens - before >= 32 * len(requests)  # two whole blocks each, at least
+    for rid in requests:
+        assert np.array_equal(again[rid], alone[rid]), f"{name} {source} {numerics}: {rid} from a warm cache"
+
+
+@pytest.mark.parametrize("name", list(MOE_CONFIGS))
+def test_the_gguf_of_the_same_float32_weights_gives_the_same_bits(name, sources):
+    """Stacked experts split per expert, OLMoE's whole-projection norms, Mixtral read as llama
+    with experts (its Q/K permuted): the same arithmetic as the directory's, to the bit."""
+    requests = _prompts()
+    ours = run(engine_on(sources[name]["hf"], prefix_cache=False), requests)
+    theirs = run(engine_on(sources[name]["gguf"], prefix_cache=False), requests)
+    for rid in requests:
+        assert np.array_equal(ours[rid], theirs[rid]), f"{name}: {rid}"
+
+
+def test_exp_fixed_is_exp_to_float32_and_the_same_bits_in_any_company():
+    """The routing's exp: within a float32 rounding of torch's float64 exp, and an element's bits
+    do not depend on where it sits or how many share the call (torch's vectorised body vs tail)."""
+    x = -torch.rand(1000, dtype=torch.float64) * 30
+    assert torch.allclose(exp_fixed(x).float(), x.exp().float(), rtol=2 ** -23, atol=0)
+    for n in (1, 3, 7, 8, 17, 999):
+        assert torch.equal(exp_fixed(x[:n]), exp_fixed(x)[:n])
+        assert torch.equal(exp_fixed(x[-n:]), exp_fixed(x)[-n:])
+    assert exp_fixed(torch.tensor([float("-inf"), 0.0], dtype=torch.float64)).float().tolist() == [0.0, 1.0]
