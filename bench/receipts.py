@@ -7,8 +7,8 @@ request, the params, the outcome and the logprob digest) against the time the re
 --replies generated together (half greedy, half seeded; all with 2 alternatives a token). With
 --url (a running server), also end to end: the same requests at once with `receipt: true` and
 without, rounds interleaved, median wall time of a round each.
-(b) Re-executing: verify-receipt's in-process route over the same receipts (greedy ones scored in
-one prefill, seeded ones generated again, all batched) against prefilling their tokens
+(b) Re-executing: verify-receipt's in-process route over the same receipts (each replayed along
+its own tokens in one prefill, commands/receipts/replay.py) against prefilling their tokens
 (prompt + reply + end token, nothing generated, nothing scored). The prefix cache is off, so
 neither side reuses what the other computed. Prints one JSON object.
 """

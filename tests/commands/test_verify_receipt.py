@@ -13,9 +13,13 @@ import pytest
 
 from batchproof import cli
 from batchproof.commands import verify_receipt
-from batchproof.commands.receipts.scoring import is_scorable
+from batchproof.commands.receipts.local import LocalHost
+from batchproof.commands.receipts.reexecute import verify
+from batchproof.commands.receipts.replay import is_replayable
 from batchproof.engine.config import EngineConfig
 from batchproof.engine.engine import Engine
+from batchproof.notary.receipts.format import params_checksum
+from batchproof.notary.receipts.read import read_items
 from batchproof.notary.receipts.verdict import Kind
 from tests.helpers.http import chat_body, chunks, messages, post, stream
 from tests.helpers.live_server import live_server
@@ -96,8 +100,11 @@ def _receipts(values: list) -> list[dict]:
 def test_a_mixed_batch_matches_in_process(engine, mixed, tmp_path, capsys):
     receipts = _receipts(mixed)
     assert len(receipts) == 19
-    routes = [is_scorable(r) for r in receipts]
-    assert 0 < sum(routes) < len(routes)  # both routes taken: a prefill of the known tokens, and generating again
+    # Replayed, greedy and sampled alike; only a reply a stop string cut (its cut tokens are in no
+    # receipt) is generated again.
+    replayed = [is_replayable(r) for r in receipts]
+    assert replayed == [r["num_generated_tokens"] == len(r["output_token_ids"]) for r in receipts]
+    assert sum(replayed) >= 18 and any(r["params"]["seed"] is not None for r, ok in zip(receipts, replayed) if ok)
     assert _verify(engine, _write(tmp_path, mixed), out=tmp_path / "out") == 0
     printed = capsys.readouterr().out
     assert printed.count(": MATCH") == 19 and "19 receipts: 19 MATCH" in printed
@@ -153,10 +160,56 @@ def test_the_untouched_replies_match(mixed, verdict_of):
     assert verdict_of(_seeded(mixed))["verdict"] == "MATCH"
 
 
-def test_another_seed_is_named_params(mixed, verdict_of):
+def test_another_seed_is_named_as_the_seed(mixed, verdict_of):
     verdict = verdict_of(_seeded(mixed), lambda r: r["choices"][0]["receipt"]["params"].update(seed=8))
-    assert (verdict["verdict"], verdict["exit_code"], verdict["field"]) == ("PARAMS", 7, "params")
+    assert (verdict["verdict"], verdict["exit_code"], verdict["field"]) == ("PARAMS", 7, "params.seed")
     assert verdict["position"] is not None  # re-executed with seed 8, the reply goes another way
+
+
+def test_a_seed_forged_with_its_checksum_is_named_as_the_seed(mixed, verdict_of):
+    def forge(reply):
+        receipt = reply["choices"][0]["receipt"]
+        receipt["params"]["seed"] = 8
+        receipt["checksums"]["params"] = params_checksum(receipt["params"])
+
+    verdict = verdict_of(_seeded(mixed), forge)
+    assert (verdict["verdict"], verdict["exit_code"]) == ("TOKEN", 9)
+    assert verdict["field"] == f"output_token_ids[{verdict['position']}]" and "another seed" in verdict["message"]
+
+
+def test_every_receipt_replayed_is_bitwise_the_one_generated_again(engine, mixed):
+    """The prefill route (one prefill of prompt + reply, each position's choice checked) against
+    the decode route (generated again with the same seed), receipt by receipt."""
+    receipts = [r for r in _receipts(mixed) if is_replayable(r)]
+    replayed = LocalHost(engine).replay(receipts)
+    generated = LocalHost(engine, replays=False).generate([(r["prompt_token_ids"], r["params"]) for r in receipts])
+    assert replayed == generated  # every token, ending and logprob entry, float for float
+    assert [o.logprobs_sha256 for o in replayed] == [r["logprobs_sha256"] for r in receipts]
+
+
+def _tampered(mixed) -> list[dict]:
+    """Every receipt of the batch, and each edited: its seed, a token, its digest, a prompt id, its end."""
+    receipts = _receipts(mixed)
+    edits = [lambda r: r["params"].update(seed=(r["params"]["seed"] or 0) + 1),
+             lambda r: r["output_token_ids"].__setitem__(-1, r["output_token_ids"][-1] + 1),
+             lambda r: r.update(logprobs_sha256="0" * 64),
+             lambda r: r["prompt_token_ids"].__setitem__(2, r["prompt_token_ids"][2] + 1),
+             lambda r: r.update(finish_reason="abort" if r["finish_reason"] != "abort" else "length")]
+    tampered = []
+    for receipt in receipts:
+        for edit in edits if receipt["output_token_ids"] else edits[2:]:
+            tampered.append(copy.deepcopy(receipt))
+            edit(tampered[-1])
+            tampered[-1]["checksums"]["params"] = params_checksum(tampered[-1]["params"])  # a forger's care
+    return receipts + tampered
+
+
+def test_both_routes_give_every_receipt_the_same_verdict(engine, mixed, tmp_path):
+    items = read_items(_write(tmp_path, _tampered(mixed)))
+    replayed, generated = verify(items, LocalHost(engine)), verify(items, LocalHost(engine, replays=False))
+    assert [(v.kind, v.position) for v in replayed] == [(v.kind, v.position) for v in generated]
+    kinds = {v.kind for v in replayed}
+    assert {Kind.MATCH, Kind.TOKEN, Kind.LOGPROB, Kind.PROMPT} <= kinds
 
 
 def test_a_changed_prompt_id_is_named_prompt(mixed, verdict_of):

@@ -217,7 +217,7 @@ class Engine:
 
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
         """Queue a request; a ValueError names what cannot run (the server checks these first)."""
-        self._check_request(request_id, prompt_ids, params)
+        self.check_request(request_id, prompt_ids, params)
         if params.seed is not None:
             draws = Draws(params.seed)
         elif not params.is_greedy:
@@ -237,7 +237,9 @@ class Engine:
         self._sequences[request_id] = seq
         self.scheduler.add(seq)
 
-    def _check_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
+    def check_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
+        """The refusals a new request meets (ValueError): its id in use, an empty or too long
+        prompt, a token id outside the vocabulary (replay.py asks them of a receipt too)."""
         vocab = self.tokenizer.vocab_size
         if request_id in self._sequences:
             raise ValueError(f"request id {request_id!r} is already in use")

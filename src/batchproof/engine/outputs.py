@@ -278,12 +278,12 @@ class OutputProcessor:
         return self._finish(seq, TextDelta())
 
     def retired(self, retired: list[Sequence]) -> list[RequestOutput]:
-        outputs = []
-        for seq in retired:
-            if seq.is_aborted and seq.finish_reason is None:
-                # An abort ends the reply as max_tokens would there: the text a stop string (or an
-                # unfinished character) held back goes out, with its tokens' ids and records, so the
-                # reply's entries number its tokens and it is the reply so far, not a shorter one.
-                seq.finish_reason = "abort"
-                outputs.append(self._finish(seq, TextDelta()))
-        return outputs
+        return [self.ended_early(seq) for seq in retired if seq.is_aborted and seq.finish_reason is None]
+
+    def ended_early(self, seq: Sequence) -> RequestOutput:
+        """An abort (or a replay whose known tokens run out: replay.py) ends the reply as max_tokens
+        would there: the text a stop string (or an unfinished character) held back goes out, with
+        its tokens' ids and records, so the reply's entries number its tokens and it is the reply
+        so far, not a shorter one."""
+        seq.finish_reason = "abort"
+        return self._finish(seq, TextDelta())

@@ -1,7 +1,10 @@
-"""A Host in this process: an Engine loaded on the verifying machine. Scoring packs every job's
-prompt into the engine's prefill steps (rollout_scoring.score_prompts); generating runs the jobs
-together, as many at once as the engine batches: a receipt's bits do not depend on its company."""
+"""A Host in this process: an Engine loaded on the verifying machine. Replaying feeds each
+receipt's prompt and reply in one prefill and checks every position's choice (replay.py); where
+it cannot, scoring packs every job's prompt into the engine's prefill steps
+(rollout_scoring.score_prompts), and generating runs the jobs together, as many at once as the
+engine batches: a receipt's bits do not depend on its company."""
 
+from batchproof.commands.receipts.replay import is_replayable, replay
 from batchproof.commands.receipts.scoring import ScoreJob
 from batchproof.engine.engine import Engine
 from batchproof.engine.outputs import RequestOutput
@@ -13,8 +16,23 @@ from batchproof.server.reply.receipt_facts import host_facts
 
 
 class LocalHost:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, replays: bool = True) -> None:
         self.engine = engine
+        # Replay needs rows whose bits do not depend on how their tokens were fed (our kernels);
+        # `replays` False takes the other routes (the tests and the bench compare the two).
+        self.replays = replays and engine.model.ops.reuses_prefixes
+
+    def replay(self, receipts: list[dict]) -> list[Outcome | str | None]:
+        """Each receipt re-executed along its own tokens at prefill speed (replay.py); None for
+        those this route does not take (they are scored or generated)."""
+        vocab = self.engine.tokenizer.vocab_size
+        # A reply id outside the vocabulary cannot be fed: generated again, it is named a TOKEN.
+        chosen = [i for i, r in enumerate(receipts) if self.replays and is_replayable(r)
+                  and all(0 <= t < vocab for t in [*r["output_token_ids"], r["end_token_id"] or 0])]
+        results: list[Outcome | str | None] = [None] * len(receipts)
+        for i, outcome in zip(chosen, replay(self.engine, [receipts[i] for i in chosen])):
+            results[i] = outcome
+        return results
 
     def facts(self) -> dict:
         front = self.engine.front

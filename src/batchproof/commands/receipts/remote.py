@@ -95,6 +95,10 @@ class RemoteHost:
         with concurrent.futures.ThreadPoolExecutor(CONCURRENCY) as pool:
             return list(pool.map(self._post, bodies))
 
+    def replay(self, receipts: list[dict]) -> list[Outcome | str | None]:
+        """A server shows no logits rows: every receipt is scored or generated there."""
+        return [None] * len(receipts)
+
     def score(self, jobs: list[ScoreJob]) -> list[list[Entry] | str]:
         bodies = [{"prompt": job.token_ids, "max_tokens": 0, "echo": True, "logprobs": job.num_alternatives,
                    "return_tail_logprobs": job.tails, "return_tokens_as_token_ids": True} for job in jobs]

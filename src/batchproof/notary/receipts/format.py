@@ -59,6 +59,9 @@ class Outcome:
     finish_reason: str | None
     num_generated: int  # tokens chosen, those a stop string cut included (the end token not)
     entries: tuple[Entry, ...] | None  # one per token, then the end token's; None: no logprobs asked
+    # Re-executed along the receipt's tokens (commands/receipts/replay.py): the receipt's token
+    # where the two part was one these settings could draw there; only the seed's draw chose otherwise.
+    seed_differs: bool = False
 
     @property
     def logprobs_sha256(self) -> str | None:

@@ -137,9 +137,15 @@ def judge(receipt: dict, host: dict, outcome: Outcome | str | None, reply: Reply
     logprobs = _logprobs(receipt, outcome, reply) if isinstance(outcome, Outcome) and diverged is None else None
     first = diverged or reply_ids or logprobs
     position = first[0] if first else None
+    # Replayed along the receipt's tokens, the token where they part was one these settings could
+    # draw there: only the draw chose otherwise, so the seed is what differs.
+    by_seed = diverged is not None and outcome.seed_differs
     for found in (_edited(receipt), _facts(receipt, host)):
         if found is not None:
             kind, field, message = found
+            if kind is Kind.PARAMS and by_seed:
+                field, message = "params.seed", ("the seed is not the one the receipt was made with (its params "
+                                                 "checksum fails, and its tokens were drawn with another seed)")
             where = "" if position is None else f"; re-executed, the reply first differs at output position {position}"
             return Verdict(kind, field, position, message + where)
     if isinstance(outcome, str):
@@ -148,5 +154,7 @@ def judge(receipt: dict, host: dict, outcome: Outcome | str | None, reply: Reply
         return Verdict(Kind.UNVERIFIABLE, None, None, "not re-executed")
     for kind, found in ((Kind.TOKEN, diverged or reply_ids), (Kind.LOGPROB, logprobs)):
         if found is not None:
-            return Verdict(kind, found[1], position, found[2])
+            why = (" (a token these settings could draw there, but not the one the receipt's seed draws: the "
+                   "tokens were drawn with another seed)") if by_seed else ""
+            return Verdict(kind, found[1], position, found[2] + why)
     return Verdict(Kind.MATCH, None, None, "re-executed bit for bit: every token and every logprob")
