@@ -8,7 +8,8 @@
  * Usage: harness [level [pairs [vnni]]]: level caps the instruction set (bp_cap_isa_level:
  * 0 portable, 1 AVX2, 2 AVX-512), pairs is bp_prefer_pairs' argument (-1 the CPU's, 0, 1),
  * vnni bp_allow_vnni's (1, 0). Lines starting with '#' say which level ran; they are not
- * compared. Off x86 every level is the portable code. */
+ * compared. On aarch64 level 1 is NEON (the register path's quantized tiles, quant_tiles_neon.c)
+ * and 0 the portable code; every other kernel runs its portable code at both. */
 #include <math.h>
 #include <stdarg.h>
 #include <stdint.h>

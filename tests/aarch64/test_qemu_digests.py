@@ -4,10 +4,11 @@ harness.c calls every kernel family (each quant type's matmul at 1 to 20 rows in
 norms, RoPE and its tables, the gated activations, attention, logprobs, the sampler, the fused
 decode step) on fixed pseudo-random inputs and prints one SHA-256 per case. It is built from the
 kernels' C files with setup.py's flags twice: natively, and with Debian's aarch64 cross compiler,
-whose build is run under qemu-aarch64 (user mode, the cross sysroot's libraries). Off x86 the
-kernels take their portable path everywhere, so this holds the portable C, compiled for ARM, to
-x86's portable path and to every vector level this CPU has: every line must be equal. It does
-not run NEON code (there is none yet) nor the engine on ARM (docs/arm.md).
+whose build is run under qemu-aarch64 (user mode, the cross sysroot's libraries) twice: at its
+NEON level (the register path's quantized tiles, quant_tiles_neon.c; every other kernel is the
+portable C there) and capped to the portable one. Both are held to x86's portable path and to
+every vector level this CPU has: every line must be equal. It does not run the engine on ARM
+(bench/arm64_e2e.sh does, docs/arm.md).
 
 Without the cross compiler or qemu the test skips, except where CI is set: CI installs them
 (.ci/run), so there a missing tool fails it."""
@@ -116,14 +117,16 @@ def test_aarch64_under_qemu_gives_x86s_kernel_digests_at_every_level(tmp_path):
     with ThreadPoolExecutor(max_workers=len(os.sched_getaffinity(0))) as pool:
         # aarch64 first (its files build in seconds): qemu runs it while the x86 twins compile.
         arm_binary = build(pool, CROSS_CC, tmp_path / "aarch64")
-        qemu = pool.submit(run, [QEMU, "-L", str(SYSROOT), str(arm_binary)], "the aarch64 harness under qemu")
+        qemu = {level: pool.submit(run, [QEMU, "-L", str(SYSROOT), str(arm_binary), level],
+                                   f"the aarch64 harness under qemu at level {level}") for level in ("1", "0")}
         x86_binary = build(pool, "gcc", tmp_path / "x86_64")
-        arm_out = qemu.result()
+        arm_out, arm_portable_out = qemu["1"].result(), qemu["0"].result()
 
     portable_out = run([str(x86_binary), "0"], "the x86 harness at the portable level")
     best_out = run([str(x86_binary)], "the x86 harness at the CPU's level")
     best = int(header(best_out)["isa_level"])
-    runs = {"aarch64 under qemu": arm_out, f"x86 at this CPU's level ({best})": best_out}
+    runs = {"aarch64 NEON under qemu": arm_out, "aarch64 portable under qemu": arm_portable_out,
+            f"x86 at this CPU's level ({best})": best_out}
     # every level between; at AVX-512 also the one-row pairs tile forced each way, and VNNI off
     settings = {f"x86 level {level}": [str(level)] for level in range(1, best)}
     if best >= 2:
@@ -132,6 +135,7 @@ def test_aarch64_under_qemu_gives_x86s_kernel_digests_at_every_level(tmp_path):
     runs |= {label: run([str(x86_binary), *args], f"the x86 harness, {label}") for label, args in settings.items()}
 
     assert header(arm_out)["arch"] == "aarch64" and header(portable_out)["isa_level"] == "0"
+    assert header(arm_out)["isa_level"] == "1" and header(arm_portable_out)["isa_level"] == "0"  # NEON, then capped
     reference = digests(portable_out)
     assert len(reference) == int(header(portable_out)["cases"]) + 1  # + the numerics version's line
     families = {name.split("/")[0] for name, _ in reference}

@@ -47,7 +47,7 @@ class SpeedResults:
     ours: ServerFigures | None = None
     peer: ServerFigures | None = None
     invariance_cost: InvarianceCost | None = None
-    roofline: Roofline | None = None  # with the engine: bytes and operations a step, the FMA peak
+    roofline: Roofline | None = None  # with the engine: bytes and operations a step, the machine's limits
     ratios: list[str] = field(default_factory=list)
 
 
@@ -141,10 +141,10 @@ def measure(args: argparse.Namespace, url: str | None, ladder: list[int]) -> Spe
 
 def _roofline(engine, args: argparse.Namespace) -> Roofline:
     """The model's bytes a step and operations a token at the decode's mean context, and the
-    machine's FMA peak on the engine's threads, measured now."""
+    machine's limits on the engine's threads (read bandwidth, FMA and int-dot peaks), measured now."""
     prompt = len(engine.chat_prompt_ids([{"role": "user", "content": args.prompt}]))
-    return Roofline(roofline.footprint(engine, prompt + args.max_tokens // 2),
-                    roofline.fma_peak_gflops(engine.num_threads))
+    return Roofline(roofline.footprint(engine, prompt + args.max_tokens // 2), roofline.limits(engine.num_threads),
+                    engine.config.numerics)
 
 
 def _place_on_roofline(line: Roofline, results: SpeedResults) -> None:

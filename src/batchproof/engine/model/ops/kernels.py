@@ -2,6 +2,7 @@
 checked, outputs allocated, each call one C function bound in abi.py."""
 
 import ctypes
+import platform
 
 import numpy as np
 import torch
@@ -18,8 +19,11 @@ from batchproof.engine.model.weights import (
     same_type_runs,
 )
 
-ISA_NAMES = {2: "avx512", 1: "avx2", 0: "portable"}
-ISA_LEVELS = {name: level for level, name in ISA_NAMES.items()}  # --max-isa's names -> levels
+# Level 1 is each architecture's first vector set: AVX2 + FMA on x86, NEON on aarch64 (isa.c).
+ARM = platform.machine().lower() in ("aarch64", "arm64")
+ISA_NAMES = {1: "neon", 0: "portable"} if ARM else {2: "avx512", 1: "avx2", 0: "portable"}
+# --max-isa's names -> levels, caps by number: on ARM avx2 and avx512 cap at NEON (its best), on x86 neon at AVX2
+ISA_LEVELS = {"avx512": 2, "avx2": 1, "neon": 1, "portable": 0}
 
 
 def available() -> bool:
@@ -32,7 +36,7 @@ def kernel_name() -> str | None:
 
 
 def isa_level() -> int:
-    """2: AVX-512, 1: AVX2 + FMA, 0: portable C; only the speed differs, never the bits."""
+    """2: AVX-512, 1: AVX2 + FMA (NEON on aarch64), 0: portable C; only the speed differs, never the bits."""
     return _library().bp_isa_level()
 
 
@@ -243,6 +247,16 @@ def fma_peak(seconds: float, num_threads: int) -> float:
     """Floating-point operations done by `seconds` of independent FMAs on each thread (the
     bench's roofline times the call)."""
     return _library().bp_fma_peak(seconds, num_threads)
+
+
+def int_dot_peak(seconds: float, num_threads: int) -> float:
+    """Integer operations done by `seconds` of the int8 numerics' integer dots on each thread."""
+    return _library().bp_int_dot_peak(seconds, num_threads)
+
+
+def read_bandwidth(num_bytes: int, num_threads: int, num_runs: int) -> float:
+    """Bytes a second of the best of `num_runs` sums over a buffer of `num_bytes` (0: no memory)."""
+    return _library().bp_read_bandwidth(num_bytes, num_threads, num_runs)
 
 
 def first_max(logits: torch.Tensor) -> torch.Tensor:

@@ -33,8 +33,8 @@ static int detected_level = -1; /* the CPU's, found once (the matmuls ask per ca
 
 /* 2: AVX-512 F, VL, DQ and BW (16-lane registers holding two 8-lane sums where that pays, the
  * AVX2 code with 32 registers elsewhere; the int8 numerics' tiles also ask for VNNI,
- * bp_isa_vnni below), 1: AVX2 + FMA + F16C, 0: portable. Every level gives the same bits; only
- * the speed differs. */
+ * bp_isa_vnni below), 1: AVX2 + FMA + F16C (on aarch64: NEON), 0: portable. Every level gives the
+ * same bits; only the speed differs. */
 int bp_isa_level(void) {
     if (detected_level < 0) {
         int level = BP_ISA_PORTABLE;
@@ -47,6 +47,8 @@ int bp_isa_level(void) {
             level = BP_ISA_AVX512;
         else if (avx2)
             level = BP_ISA_AVX2;
+#elif defined(BP_ARM)
+        level = BP_ISA_NEON; /* baseline on aarch64: nothing to ask the CPU */
 #endif
         detected_level = level; /* threads racing here all write the same value */
     }

@@ -21,10 +21,17 @@
 #if defined(__x86_64__) || defined(_M_X64)
 #define BP_X86 1
 #endif
+#if defined(__aarch64__)
+#define BP_ARM 1
+#endif
 
 #define BP_ISA_PORTABLE 0
 #define BP_ISA_AVX2 1   /* AVX2 + FMA + F16C */
 #define BP_ISA_AVX512 2 /* AVX2's, and AVX512F + VL + DQ + BW: two 8-lane sums a register */
+/* aarch64's one vector level, 1 as AVX2 on x86: Advanced SIMD (NEON), in every ARMv8-A core. Only
+ * the register path's tiles have a NEON twin (quant_tiles_neon.c, asked by quant_tiles_pick.c);
+ * BP_PICK stays portable there, so every other kernel runs its portable C at either level. */
+#define BP_ISA_NEON 1
 
 /* The level in use: the CPU's, at most the cap (tests lower it to run every path here). */
 int bp_isa_level(void);
@@ -153,11 +160,17 @@ typedef struct {
 void bp_decode_layers(const bp_shape *s, const bp_layer *layers, int64_t num_layers, float *x, int64_t M,
                       const int64_t *positions, const int64_t *slots, int num_threads);
 
-/* ---------------- the machine's FMA peak, for the bench (peak.c) ---------------- */
+/* ---------------- the machine's limits, for the bench (peak.c) ---------------- */
 
 /* `seconds` of independent FMAs on each of num_threads threads -> the floating-point
  * operations done (the caller times the call). */
 double bp_fma_peak(double seconds, int num_threads);
+/* Likewise for the int8 numerics' integer dot (u8 x s8 into int32, as its tiles spell it at
+ * the level in use) -> the integer operations done, 2 a multiply-add. */
+double bp_int_dot_peak(double seconds, int num_threads);
+/* A buffer of num_bytes written, then summed num_runs times on num_threads threads -> the
+ * best run's bytes read a second (0 where the buffer cannot be allocated). */
+double bp_read_bandwidth(int64_t num_bytes, int num_threads, int num_runs);
 
 /* ---------------- the structs' layout as compiled (module.c) ---------------- */
 

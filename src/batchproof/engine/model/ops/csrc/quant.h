@@ -107,16 +107,17 @@ BP_INTERNAL __attribute__((target("avx2,f16c"))) void bp_dequant_q8_avx2(const u
  * more, rows x outputs accumulators must leave registers for the unpacking (4 x 3 spilled
  * some, and ran ~5% slower than 4 x 2). Two rows take 4 outputs of Q4_0, Q4_1, Q8_0 (unpacked
  * 8 weights at a time) but 2 of the others, whose group of 32 unpacked quants also takes
- * registers (2 x 4 ran 10-15% slower for Gemma 3's Q5_0 and Q4_K). Past 4 rows, with 16
- * registers, unpacking a tile once into a buffer for all of them is faster (16 rows: 3.3 against
- * 4.1 ms a row for the default model's matmuls); with AVX-512's 32, the tall tile below or the
- * pairs tile takes up to 8 rows. The width and the tile change no bit: each output is its own
- * sum, its terms in the same order. */
+ * registers (2 x 4 ran 10-15% slower for Gemma 3's Q5_0 and Q4_K). Five to eight rows take the
+ * tall tile: with AVX2's 16 registers one output at a time (8 accumulators, quant_tiles_avx2.c),
+ * with AVX-512's 32 two (below), or the pairs tile. Past 8 rows, unpacking a tile once into a
+ * buffer for all of them is faster (16 rows: 3.3 against 4.1 ms a row for the default model's
+ * matmuls through 4-row register tiles). The width and the tile change no bit: each output is its
+ * own sum, its terms in the same order. */
 #define QW 8
 #define FUSED_ROWS 4
-/* AVX-512 hosts whose 512-bit operations are split in two (Zen 4: bp_pairs_pay is 0) take up to
- * TALL_ROWS rows on the register path too: with 32 registers, 8 rows x 2 outputs keep their 16
- * accumulators and the unpacking in registers, one 8-lane FMA per row and weight chunk, where
+/* AVX2 hosts take up to TALL_ROWS rows on the register path (quant_tiles_avx2.c's qtile_tall1), and
+ * so do AVX-512 hosts whose 512-bit operations are split in two (Zen 4: bp_pairs_pay is 0): with
+ * 32 registers, 8 rows x 2 outputs keep their 16 accumulators and the unpacking in registers, one 8-lane FMA per row and weight chunk, where
  * the pairs tile (below) runs a 16-lane FMA (two halves' work on Zen 4) per pair of rows: 5 rows
  * cost as 6, and the unpacked chunk is copied to both halves. Measured on Zen 4 (the default
  * model's matmuls and Q8_0 LM head, bench/step_cost.py's shapes): 5, 6, 7, 8 rows took 0.82,
@@ -162,8 +163,8 @@ typedef void (*xtile_fn)(const float *xp, int64_t stride, const uint8_t *w, int6
 BP_INTERNAL xtile_fn bp_pick_xtile(int type);
 /* Whether the AVX-512 one-row tile pairs two weight rows a register on this CPU (isa.c). */
 BP_INTERNAL int bp_pairs_pay(void);
-/* The most rows the register path takes for this type here: TALL_ROWS on an AVX-512 host where
- * pairs do not pay, else FUSED_ROWS (quant_tiles_pick.c). */
+/* The most rows the register path takes for this type here: TALL_ROWS at the AVX2 level and on an
+ * AVX-512 host where pairs do not pay, else FUSED_ROWS (quant_tiles_pick.c). */
 BP_INTERNAL int bp_fused_rows(int type);
 
 /* ---- the register path's twins: one name, a file per instruction set (ggml's way) ----
@@ -176,5 +177,9 @@ BP_INTERNAL qtile_fn bp_qtile_avx512(int type);
 BP_INTERNAL qtile_fn bp_qtile_avx2(int type);
 BP_INTERNAL dequant_fn bp_unpack_row_avx2(int type);
 BP_INTERNAL xtile_fn bp_xtile_avx512(int type);
+#endif
+/* aarch64 (quant_tiles_neon.c): Q4_0, Q4_1, Q8_0, Q4_K and Q6_K's tiles at BP_ISA_NEON. */
+#ifdef BP_ARM
+BP_INTERNAL qtile_fn bp_qtile_neon(int type);
 #endif
 #endif

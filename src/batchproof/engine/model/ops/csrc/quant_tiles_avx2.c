@@ -45,11 +45,31 @@ UNPACK_ROW_FN(unpack_q4_k, T_Q4_K)
 UNPACK_ROW_FN(unpack_q5_k, T_Q5_K)
 UNPACK_ROW_FN(unpack_q6_k, T_Q6_K)
 
+/* Five to eight rows (bp_fused_rows: TALL_ROWS at this level too): one weight row at a time, so
+ * the 16 registers hold its 8 accumulators, the unpacked chunk, a row of x and the unpacking, and
+ * each unpacked chunk feeds up to 8 FMAs. The buffer (quant_linear.c) stored and reloaded every
+ * weight for these rows, and a 5-row step cost ~1.9 of a 4-row one on Zen 3 (draft/cost.py), the
+ * cliff that kept a batch's drafts from paying. A tile's second weight row reads the same rows of
+ * x again, from L1 or L2. Each output's sum is unchanged: its terms 8 at a time in increasing k,
+ * then hsum_avx2, as in every tile. */
+QTILE_BODY(qtile_tall1, TALL_ROWS, 1)
+
+INLINE void qtile_tall_avx2(const float *x, const uint8_t *w, int64_t row_bytes, const int type, float *sums,
+                            int64_t K, const int mt, const int nt, const uint8_t *prefetch) {
+    for (int j = 0; j < nt; j++) qtile_tall1(x, w + j * row_bytes, row_bytes, type, sums + j, K, mt, 1, prefetch);
+}
+
 /* One function per type and instruction set, picked once per matmul (bp_pick_qtile). */
 #define QTILE_FN(NAME, TARGET, TYPE)                                                                      \
     __attribute__((target(TARGET))) static void NAME(const float *x, const uint8_t *w, int64_t row_bytes, \
                                                      float *sums, int64_t K, int mt, int nt,               \
                                                      const uint8_t *prefetch) {                            \
+        switch (mt) { /* a constant row count each, so the accumulators stay in registers */              \
+        case 5: qtile_tall_avx2(x, w, row_bytes, TYPE, sums, K, 5, nt, prefetch); return;                 \
+        case 6: qtile_tall_avx2(x, w, row_bytes, TYPE, sums, K, 6, nt, prefetch); return;                 \
+        case 7: qtile_tall_avx2(x, w, row_bytes, TYPE, sums, K, 7, nt, prefetch); return;                 \
+        case 8: qtile_tall_avx2(x, w, row_bytes, TYPE, sums, K, 8, nt, prefetch); return;                 \
+        }                                                                                                   \
         QTILE_DISPATCH(TYPE);                                                                               \
     }
 /* Every quantized type's tile (quant.h's BP_QUANT_TYPES), q4_0_avx2 and so on, and the picker's
