@@ -9,15 +9,17 @@ with AVX-512 the default model's float32 matmuls at 2 rows cost about 1.6 of one
 STEP_COST: a single sequence's decode step of n rows on the default model, on a 2-core AMD
 EPYC with AVX2 (the kernels' batchproof-avx2 path), the best of 25 runs, divided by the
 one-row step (10.6 ms): up to 4 rows each block is unpacked in registers once for all of them
-(quant_tiles_body.h), at 5 the matmuls switch to tiles of 8 rows, so 5 to 8 rows cost alike, and from
-there each row adds about a quarter of a one-row step. Other machines differ in scale more
-than in shape; a wrong table only makes drafts shorter or longer than best, never a bit
-different."""
+(quant_tiles_body.h), 5 to 8 in the AVX2 tall tile (one weight row, 8 rows of x: quant_tiles_avx2.c),
+and from 9 the matmuls unpack into a buffer, each row adding about a quarter of a one-row step.
+Rows 5-8 were 3.40-3.79 through the buffer until the tall tile; they are its matmuls' cost on the
+same Zen 3 (bench/step_cost.py --max-isa avx2, two runs: 5 rows 2.25, 6 2.32-2.58, 8 3.06-3.22; 7
+between). Other machines differ in scale more than in shape; a wrong table only makes drafts
+shorter or longer than best, never a bit different."""
 
 from collections import deque
 from statistics import median
 
-STEP_COST = {1: 1.0, 2: 1.17, 3: 1.51, 4: 1.79, 5: 3.40, 6: 3.56, 7: 3.80, 8: 3.79, 9: 4.55, 12: 4.78,
+STEP_COST = {1: 1.0, 2: 1.17, 3: 1.51, 4: 1.79, 5: 2.25, 6: 2.45, 7: 2.80, 8: 3.14, 9: 4.55, 12: 4.78,
              16: 6.11, 24: 8.26}
 _ROWS = sorted(STEP_COST)
 

@@ -7,7 +7,7 @@ from batchproof.engine.draft.cost import expected_accepted, step_cost
 from batchproof.engine.draft.lookup import NgramIndex
 
 # Draft lengths tried: k drafted tokens make a step of k + 1 rows, and 2, 4, 8 and 16 rows are
-# where the kernels' row tiles are full (cost.py): 5 rows cost nearly as much as 8.
+# where the kernels' row tiles are full (cost.py).
 LENGTHS = (1, 3, 7, 15)
 # The estimate's memory: each verified draft's counts enter at full weight, older ones fade
 # by this much per draft, so a sequence that moves from copying to free text adapts in a few steps.
