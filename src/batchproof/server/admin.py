@@ -118,7 +118,7 @@ def _tokenize(state: ServerState, body: bytes) -> dict:
     """As vLLM's: add_special_tokens (the tokenizer's BOS) defaults to true for a prompt and to
     false for messages, whose template writes its own. On a worker thread."""
     req = parse_body(TokenizeRequest, body)
-    check_model(req.model, state.served_model_name)
+    check_model(req.model, state.model_name)
     client = state.client
     if req.messages is not None:
         text = render_chat(client, req.messages, req.add_generation_prompt)
@@ -155,7 +155,7 @@ async def detokenize(request: Request) -> dict:
 def _detokenize(state: ServerState, body: bytes) -> dict:
     """Parsing a list of up to 16 contexts of ids and decoding them: on a worker thread."""
     req = parse_body(DetokenizeRequest, body)
-    check_model(req.model, state.served_model_name)
+    check_model(req.model, state.model_name)
     front = state.front
     vocab = front.tokenizer.vocab_size
     most = TOKENIZE_CONTEXTS * front.max_model_len

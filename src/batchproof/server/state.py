@@ -52,6 +52,14 @@ class ServerState:
         return self.backend.engine
 
     @property
+    def model_name(self) -> str:
+        """The served model's name, as a request's `model` is checked against it: a 503 while the
+        model loads (without --served-model-name the name is the file's, unknown until then; a
+        request naming it got a 404 saying this server serves '')."""
+        _ = self.client
+        return self.served_model_name
+
+    @property
     def front(self) -> ModelFront:
         """The model's facts: tokenizer, chat format, context length (a 503 as `client`)."""
         return self.client.front

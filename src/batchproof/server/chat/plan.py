@@ -14,7 +14,7 @@ from batchproof.server.tools.choice import ToolPlan, plan_tools
 
 def plan_chat(req: ChatCompletionRequest, state: ServerState, key_id: str | None) -> tuple[Plan, ToolPlan | None]:
     """A parsed chat request -> what the engine runs: the one plan the Responses route shares."""
-    check_model(req.model, state.served_model_name)
+    check_model(req.model, state.model_name)
     client = state.client
     front = client.front
     prompt_ids = token_prompt(req, front.tokenizer, front.max_model_len)

@@ -54,7 +54,7 @@ def _prompts(req: CompletionRequest, state: ServerState) -> list[list[int]]:
 
 def plan_completions(req: CompletionRequest, state: ServerState, key_id: str | None) -> Plan:
     """A parsed completions request -> what the engine runs: P prompts x n choices."""
-    check_model(req.model, state.served_model_name)
+    check_model(req.model, state.model_name)
     check_metadata(req.metadata)
     prompts = _prompts(req, state)
     if req.max_tokens == 0 and not req.echo:
