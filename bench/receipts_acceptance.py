@@ -21,7 +21,6 @@ import concurrent.futures
 import datetime
 import json
 import os
-import platform
 import shutil
 import socket
 import statistics
@@ -34,6 +33,7 @@ from pathlib import Path
 
 import httpx
 
+from batchproof.commands.bench import machine
 from batchproof.commands.receipts.local import LocalHost
 from batchproof.commands.receipts.reexecute import verify
 from batchproof.commands.receipts.remote import RemoteHost
@@ -184,16 +184,6 @@ def run_pair(model: str, numerics: str, args: argparse.Namespace, folder: Path) 
             "fresh_server": on_fresh_server(items, model, numerics, args.fresh_max_isa)}
 
 
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-
 def _run_from_snapshot() -> None:
     """Start again from a copy of the package, built kernels included: numerics_id hashes the
     engine's source, so a checkout edited during the run would give the three processes (the
@@ -230,7 +220,7 @@ def main() -> None:
     for model in args.models:
         for numerics in args.numerics:
             run = run_pair(model, numerics, args, folder)
-            run.update(cpu=_cpu(), load_average=[round(x, 2) for x in os.getloadavg()],
+            run.update(cpu=machine.describe()["cpu"], load_average=[round(x, 2) for x in os.getloadavg()],
                        date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
             result["runs"][f"{model}/{numerics}"] = run
             args.out.write_text(json.dumps(result, indent=2) + "\n")
