@@ -2,9 +2,12 @@
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from batchproof.common.config import require
+
+# --max-isa's names, each a cap on the kernels' level (kernels.ISA_LEVELS).
+MaxIsa = Literal["auto", "avx512", "avx2", "neon", "portable"]
 
 
 @dataclass(frozen=True)
@@ -60,11 +63,13 @@ class EngineConfig:
                           "approximation; equally batch-invariant; its own numerics_id). int8 needs native "
                           "weights on our CPU kernels"},
     )
-    max_isa: Literal["auto", "avx512", "avx2", "portable"] = field(
+    max_isa: MaxIsa = field(
         default="auto",
         metadata={"help": "the highest instruction set our CPU kernels use (auto: the best this CPU has): every "
                           "level gives the same bits, so this changes speed only; to measure what a CPU with "
-                          "less runs, or to show replicas on different levels agree"},
+                          "less runs, or to show replicas on different levels agree. A cap, never a demand: a "
+                          "level this CPU lacks runs its best below it (avx2 and neon are each architecture's "
+                          "first vector level, so neon on x86 runs AVX2, avx2 or avx512 on ARM runs NEON)"},
     )
     prefix_cache: bool = field(
         default=True,
@@ -99,6 +104,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         require(self.numerics == "float32" or self.weights == "native",
                 f"numerics int8 multiplies the weights' own quants: it needs weights native, got {self.weights}")
+        require(self.max_isa in get_args(MaxIsa),
+                f"max_isa must be one of {', '.join(get_args(MaxIsa))}, got {self.max_isa!r}")
         require(self.max_batch >= 1, f"max_batch must be >= 1, got {self.max_batch}")
         require(self.batch_window_ms >= 0, f"batch_window_ms must be >= 0, got {self.batch_window_ms}")
         require(

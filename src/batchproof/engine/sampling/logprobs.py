@@ -1,7 +1,8 @@
 """Logprobs as pure tensor functions: a fixed-order normaliser and top-k with exact ties.
 
 These are the torch formulas; the compiled backend computes the same in one pass per row
-(ops/kernel_ops.py). `build_records` takes whichever the engine chose at load."""
+(ops/kernel_ops.py), and its normaliser carries the kernels' tail. `build_records` takes whichever
+the engine chose at load."""
 
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,6 +50,10 @@ class TopK:
     counts: torch.Tensor  # [B] int64, k clamped to the row's non-NaN logits
 
 
+# (normaliser, top ids [B, k], num_shown [B]) -> [B]: each row's logprob outside its first num_shown ids.
+TailFn = Callable[["Normalizer", torch.Tensor, torch.Tensor], torch.Tensor]
+
+
 @dataclass(frozen=True)
 class Normalizer:
     """Each row's log-softmax as (term - shift) - log_total, evaluated only where asked:
@@ -60,14 +65,24 @@ class Normalizer:
     row_max: torch.Tensor  # [B, 1] over non-NaN logits
     shift: torch.Tensor  # [B, 1]
     log_total: torch.Tensor  # [B, 1]
+    # The tail's arithmetic, that of whoever summed log_total (None: tail_logprobs, these torch
+    # formulas; the kernels' normaliser carries its ops' tail): a tail whose terms were summed by
+    # another exp than log_total's would mix two numerics, and torch's exp is not the same on every host.
+    tail_fn: TailFn | None = None
 
     @classmethod
-    def from_parts(cls, logits: torch.Tensor, row_max: torch.Tensor, log_total: torch.Tensor) -> "Normalizer":
-        return cls(logits, row_max, _shift(row_max), log_total)
+    def from_parts(cls, logits: torch.Tensor, row_max: torch.Tensor, log_total: torch.Tensor,
+                   tail_fn: TailFn | None = None) -> "Normalizer":
+        return cls(logits, row_max, _shift(row_max), log_total, tail_fn)
 
     def rows(self, rows: list[int]) -> "Normalizer":
         """The normaliser of these rows only."""
-        return Normalizer(self.logits[rows], self.row_max[rows], self.shift[rows], self.log_total[rows])
+        return Normalizer(self.logits[rows], self.row_max[rows], self.shift[rows], self.log_total[rows],
+                          self.tail_fn)
+
+    def tail(self, top_ids: torch.Tensor, num_shown: torch.Tensor) -> torch.Tensor:
+        """[B] logprobs outside each row's first num_shown top ids, in this normaliser's arithmetic."""
+        return (self.tail_fn or tail_logprobs)(self, top_ids, num_shown)
 
     def logprobs(self, token_ids: torch.Tensor) -> torch.Tensor:
         """[B, k] ids -> [B, k] logprobs."""
@@ -225,7 +240,8 @@ def build_records(logits: torch.Tensor, token_ids: list[int], top_ns: list[int],
                   named_ids: list[tuple[int, ...] | None] | None = None) -> list[TokenRecord]:
     """One record per row: the chosen token and the row's own top-N, from the same logits
     (`backend`: these torch formulas, or the engine's ops' one-pass kernel); where asked, the
-    row's tail (with_tails[r]) and its named tokens' logprobs (named_ids[r])."""
+    row's tail (with_tails[r], by the normaliser's own arithmetic: Normalizer.tail) and its named
+    tokens' logprobs (named_ids[r])."""
     norm, top = backend(logits, max(top_ns, default=0))
     chosen = norm.logprobs(torch.tensor(token_ids, dtype=torch.int64)[:, None]).squeeze(-1).tolist()
     ids, top_logits, top_logprobs = top.ids.tolist(), top.logits.tolist(), top.logprobs.tolist()
@@ -234,7 +250,7 @@ def build_records(logits: torch.Tensor, token_ids: list[int], top_ns: list[int],
     tails: list[float | None] = [None] * len(token_ids)
     if with_tails is not None and any(with_tails):
         rows = [r for r, wanted in enumerate(with_tails) if wanted]
-        values = tail_logprobs(norm.rows(rows), top.ids[rows], torch.tensor([shown[r] for r in rows])).tolist()
+        values = norm.rows(rows).tail(top.ids[rows], torch.tensor([shown[r] for r in rows])).tolist()
         for r, value in zip(rows, values):
             tails[r] = value
     named: list[tuple[float, ...] | None] = [None] * len(token_ids)

@@ -33,6 +33,7 @@ SIGNATURES = {
     "bp_gelu_tanh_mul_f32": (None, [c_void_p] * 2 + [c_int64] * 2 + [c_int]),
     "bp_first_max_f32": (None, [c_void_p] + [c_int64] * 2 + [c_void_p]),
     "bp_top_k_logprobs_f32": (None, [c_void_p] + [c_int64] * 3 + [c_void_p] * 5),
+    "bp_tail_logprobs_f32": (c_int, [c_void_p] + [c_int64] * 2 + [c_void_p] * 3 + [c_int64] + [c_void_p] * 2),
     "bp_sample_f32": (c_int64, [c_void_p, c_int64, c_float, c_int64, c_double, c_double, c_double, c_void_p]),
     "bp_rope_tables": (None, [c_int64, c_double, c_int64, c_void_p, c_float, c_void_p, c_void_p]),
     "bp_decode_attention_f32": (None, [c_void_p] * 6 + [c_int64] * 6 + [c_float, c_int]),

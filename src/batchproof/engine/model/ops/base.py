@@ -93,6 +93,10 @@ class Ops(Protocol):
     def normalizer_and_top_k(self, logits: torch.Tensor, k: int) -> tuple[Normalizer, TopK]:
         """Each row's log-softmax normaliser and its best k, each row on its own fixed-order sums."""
 
+    def tail_logprobs(self, norm: Normalizer, top_ids: torch.Tensor, num_shown: torch.Tensor) -> torch.Tensor:
+        """[B]: each row's logprob outside its first num_shown[r] top ids, the normaliser's terms
+        summed in its order (0 exactly when none is shown, -inf when they hold all the mass)."""
+
     def first_max(self, logits: torch.Tensor) -> torch.Tensor:
         """[B, V] -> [B]: each row's first maximum (lowest id among ties), NaN never; -1 if
         nothing beats -inf. The greedy choice."""

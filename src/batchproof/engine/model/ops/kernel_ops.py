@@ -129,5 +129,11 @@ class KernelOps:
         logits = logits.float()
         k = max(0, min(k, logits.shape[-1]))
         ids, values, row_max, log_total, counts = kernels.top_k_logprobs(logits, k)
-        norm = Normalizer.from_parts(logits, row_max[:, None], log_total[:, None])
+        # The normaliser carries this backend's tail, so record building never sums a tail with torch's exp.
+        norm = Normalizer.from_parts(logits, row_max[:, None], log_total[:, None], self.tail_logprobs)
         return norm, TopK(ids, values, norm.logprobs(ids), counts)
+
+    def tail_logprobs(self, norm: Normalizer, top_ids: torch.Tensor, num_shown: torch.Tensor) -> torch.Tensor:
+        """logprobs.c's tail: the normaliser's exp_poly terms, the shown ones zeroed, in its lanes (each
+        in double) and fixed_math's log (torch's exp, sum and log differ by host and ISA; these do not)."""
+        return kernels.tail_logprobs(norm.logits, norm.row_max, norm.log_total, top_ids, num_shown)

@@ -302,6 +302,31 @@ def top_k_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, ...]:
     return ids, values, row_max, log_total, counts
 
 
+def tail_logprobs(logits: torch.Tensor, row_max: torch.Tensor, log_total: torch.Tensor, top_ids: torch.Tensor,
+                  num_shown: torch.Tensor) -> torch.Tensor:
+    """[B, V] logits, their normaliser's row max and log_total [B], top ids [B, k] and num_shown [B]
+    -> [B]: each row's logprob outside its first num_shown ids, in the normaliser's own terms."""
+    logits = logits.float().contiguous()
+    b, v = logits.shape
+    ids = top_ids.to(torch.int64).contiguous()
+    shown = num_shown.to(torch.int64).contiguous()
+    if ids.shape[0] != b or shown.shape != (b,):
+        raise ValueError(f"tail_logprobs: top_ids {tuple(ids.shape)} and num_shown {tuple(shown.shape)} "
+                         f"need one row each of the {b} logits rows")
+    k = ids.shape[1]
+    if bool(((shown < 0) | (shown > k)).any()):
+        raise ValueError(f"tail_logprobs: num_shown must be in 0..{k} (the top_ids per row)")
+    is_shown = torch.arange(k)[None, :] < shown[:, None]
+    if bool((is_shown & ((ids < 0) | (ids >= v))).any()):
+        raise ValueError(f"tail_logprobs: a shown top_ids entry is outside the vocabulary 0..{v - 1}")
+    row_max, log_total = row_max.float().reshape(b).contiguous(), log_total.float().reshape(b).contiguous()
+    tails = torch.empty(b, dtype=torch.float32)
+    if _library().bp_tail_logprobs_f32(_ptr(logits), b, v, _ptr(row_max), _ptr(log_total), _ptr(ids), k,
+                                       _ptr(shown), _ptr(tails)) != 0:
+        raise MemoryError("the tail kernel could not allocate its scratch row")
+    return tails
+
+
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
                      lengths: torch.Tensor, scale: float, num_threads: int, window: int = 0) -> torch.Tensor:
     """q: [B, H, D]; k_cache, v_cache: [slots, KVH, max_len, D] of one layer -> [B, H, D]; with a

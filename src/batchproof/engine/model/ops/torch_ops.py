@@ -137,6 +137,10 @@ class TorchOps:
     def normalizer_and_top_k(self, logits: torch.Tensor, k: int) -> tuple[Normalizer, TopK]:
         return logprobs.normalizer_and_top_k(logits, k)
 
+    def tail_logprobs(self, norm: Normalizer, top_ids: torch.Tensor, num_shown: torch.Tensor) -> torch.Tensor:
+        """The reference formula (logprobs.tail_logprobs): torch's exp and chunked sums."""
+        return logprobs.tail_logprobs(norm, top_ids, num_shown)
+
     def first_max(self, logits: torch.Tensor) -> torch.Tensor:
         return sampler.first_max(logits)
 

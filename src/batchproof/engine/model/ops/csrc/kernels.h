@@ -101,6 +101,9 @@ void bp_gelu_tanh_mul_f32(const float *gate_up, float *y, int64_t rows, int64_t 
 void bp_first_max_f32(const float *logits, int64_t B, int64_t V, int64_t *ids);
 void bp_top_k_logprobs_f32(const float *logits, int64_t B, int64_t V, int64_t k, int64_t *ids, float *values,
                            float *row_max, float *log_total, int64_t *counts);
+/* Each row's logprob outside its first num_shown[b] of k ids (0.0 when none); returns 0, or -1 out of memory. */
+int bp_tail_logprobs_f32(const float *logits, int64_t B, int64_t V, const float *row_max, const float *log_total,
+                         const int64_t *ids, int64_t k, const int64_t *num_shown, float *tails);
 
 /* ---------------- a sampled choice and the RoPE tables (sample.c) ---------------- */
 
