@@ -3,18 +3,22 @@ server, every receipt re-executed in this process and on a second server started
 re-executing them timed against prefilling their tokens.
 
     python bench/receipts_acceptance.py [--per-model 64] [--models smollm2-135m gemma3-270m]
-        [--numerics float32 int8] [--concurrency 16] [--max-tokens 24] [--fresh-max-isa avx2]
-        [--out bench/results/receipts-acceptance-DATE.json]
+        [--model /tmp/llama-1b-q4_k_m.gguf] [--numerics float32 int8] [--concurrency 16]
+        [--max-tokens 24] [--fresh-max-isa avx2] [--out bench/results/receipts-acceptance-DATE.json]
 
-Per model and numerics: `batchproof serve --receipts always` on a free port, --per-model requests
-sent --concurrency at a time (chat where the model has a template, completions otherwise; greedy
-and seeded, logprobs with 0 to 3 alternatives, some with tails, penalties and bias), the whole
-replies kept. Then (a) verify-receipt's in-process route on an engine loaded here as the server
-ran (interleaved with a prefill of each reply's prompt + reply + end token on the same engine,
-nothing generated or scored, the prefix cache off on both: the ratio is the cost of re-executing
-over prefilling); (b) the same replies against a second server started fresh, its instruction
-set capped (--fresh-max-isa: every level gives the same bits). Every verdict must be MATCH.
-The results are merged into --out by model and numerics, so one may run a pair at a time."""
+The default pairs are both packaged models (SmolLM2, Gemma 3) under both numerics (float32, int8);
+--model adds a GGUF by path, e.g. the 1B file `batchproof bench --write-model PATH` writes
+(bench/README.md), run under its file name. Per model and numerics: `batchproof serve --receipts
+always` on a free port, --per-model requests sent --concurrency at a time (chat where the model
+has a template, completions otherwise; greedy and seeded, logprobs with 0 to 3 alternatives, some
+with tails, penalties and bias, some scoring their prompt: prompt_logprobs, and echo on
+completions), the whole replies kept. Then (a) verify-receipt's in-process route on an engine
+loaded here as the server ran (interleaved with a prefill of each reply's prompt + reply + end
+token on the same engine, nothing generated or scored, the prefix cache off on both: the ratio is
+the cost of re-executing over prefilling); (b) the same replies against a second server started
+fresh, its instruction set capped (--fresh-max-isa: every level gives the same bits). Every
+verdict must be MATCH. The results are merged into --out by model and numerics, so one may run a
+pair at a time."""
 
 import argparse
 import concurrent.futures
@@ -84,18 +88,23 @@ def _stop(process: subprocess.Popen) -> None:
 
 def request(i: int, has_template: bool, max_tokens: int) -> tuple[str, dict]:
     """Request i of the mix: every other one seeded, alternatives 0 to 3, tails on one in four,
-    penalties or a bias on one in five, about one in three a completion."""
+    penalties or a bias on one in five, about one in three a completion, one in six scoring its
+    prompt too (prompt_logprobs; a completion's also echoed)."""
     sampled = {"temperature": 0.8, "top_p": 0.95, "seed": 1000 + i} if i % 2 else {"temperature": 0.0}
     extra = [{}, {"repetition_penalty": 1.2}, {"presence_penalty": 0.5, "frequency_penalty": 0.3},
              {"logit_bias": {"30": 2.0}}, {"top_k": 40, "min_p": 0.05} if i % 2 else {}][i % 5]
     alternatives = i % 4
     text = f"Tell me about {TOPICS[i % len(TOPICS)]}."
+    scores_prompt = i % 6 == 5
     if has_template and i % 3:
         body = {"messages": [{"role": "user", "content": text}], "logprobs": True, "top_logprobs": alternatives}
         path = "/v1/chat/completions"
     else:
-        body = {"prompt": f"Some facts about {TOPICS[i % len(TOPICS)]}:", "logprobs": alternatives}
+        body = {"prompt": f"Some facts about {TOPICS[i % len(TOPICS)]}:", "logprobs": alternatives,
+                **({"echo": True} if scores_prompt else {})}
         path = "/v1/completions"
+    if scores_prompt:
+        body["prompt_logprobs"] = (i // 6) % 3
     return path, {**body, **sampled, **extra, "max_tokens": max_tokens, "return_tail_logprobs": i % 4 == 3}
 
 
@@ -172,16 +181,23 @@ def run_pair(model: str, numerics: str, args: argparse.Namespace, folder: Path) 
         info = httpx.get(f"{url}/v1/server_info", timeout=30).json()
     finally:
         _stop(process)
-    path = folder / f"replies-{model}-{numerics}.jsonl"
+    path = folder / f"replies-{label(model)}-{numerics}.jsonl"
     path.write_text("".join(json.dumps(reply) + "\n" for reply in replies))
     items = read_items(path)
     seeded = sum(item.receipt is not None and item.receipt["params"]["seed"] is not None for item in items)
     config = EngineConfig(model_path=model, device="cpu", numerics=numerics, prefix_cache=False)
-    return {"model": model, "numerics": numerics, "numerics_id": info.get("numerics_id"),
+    return {"model": model, "numerics": numerics, "num_prompts_scored": sum(
+                item.receipt is not None and item.receipt["prompt_logprobs_sha256"] is not None for item in items),
+            "numerics_id": info.get("numerics_id"),
             "decode_path": info.get("decode_path"), "num_receipts": len(items), "num_seeded": seeded,
             "concurrency": args.concurrency, "max_tokens": args.max_tokens, "collect_s": round(wall_s, 3),
             "in_process": in_process(items, config, args.rounds),
             "fresh_server": on_fresh_server(items, model, numerics, args.fresh_max_isa)}
+
+
+def label(model: str) -> str:
+    """A packaged model's name, or a GGUF path's file name (a results key and a file name)."""
+    return Path(model).stem if model.endswith(".gguf") else model
 
 
 def _run_from_snapshot() -> None:
@@ -200,7 +216,11 @@ def _run_from_snapshot() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--per-model", type=int, default=64, help="receipts per model and numerics (1000: the issue's)")
-    parser.add_argument("--models", nargs="+", default=["smollm2-135m", "gemma3-270m"])
+    parser.add_argument("--models", nargs="+", default=["smollm2-135m", "gemma3-270m"],
+                        help="packaged model names (or GGUF paths)")
+    parser.add_argument("--model", action="append", default=[], metavar="PATH",
+                        help="a GGUF to run as well, e.g. the 1B file `batchproof bench --write-model PATH` writes "
+                             "(repeatable)")
     parser.add_argument("--numerics", nargs="+", default=["float32", "int8"])
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=24)
@@ -217,12 +237,12 @@ def main() -> None:
     folder = args.out.with_suffix("")
     folder.mkdir(parents=True, exist_ok=True)
     result = json.loads(args.out.read_text()) if args.out.exists() else {"runs": {}}
-    for model in args.models:
+    for model in [*args.models, *(str(Path(path).resolve()) for path in args.model)]:
         for numerics in args.numerics:
             run = run_pair(model, numerics, args, folder)
             run.update(cpu=machine.describe()["cpu"], load_average=[round(x, 2) for x in os.getloadavg()],
                        date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
-            result["runs"][f"{model}/{numerics}"] = run
+            result["runs"][f"{label(model)}/{numerics}"] = run
             args.out.write_text(json.dumps(result, indent=2) + "\n")
             print(json.dumps(run, indent=2), flush=True)
     runs = result["runs"].values()

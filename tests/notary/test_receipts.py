@@ -1,16 +1,20 @@
-"""notary/receipts/: the digest is the documented bytes, a receipt's shape is checked field by
-field, and the verdict names what differs in the receipt's terms, first things first."""
+"""notary/receipts/: the digests are the documented bytes, a receipt's shape is checked field by
+field (version 1 receipts still read), and the verdict names what differs in the receipt's terms,
+first things first: a scored prompt's logprob by its prompt position and which value it is."""
 
 import copy
 import hashlib
 import json
 import math
 import struct
+from pathlib import Path
 
+import jsonschema
 import pytest
 
-from batchproof.notary.receipts.format import Outcome, logprobs_sha256, params_checksum, receipt
-from batchproof.notary.receipts.read import read_items
+from batchproof.notary import receipts
+from batchproof.notary.receipts.format import Outcome, logprobs_sha256, params_checksum, prompt_logprobs_sha256, receipt
+from batchproof.notary.receipts.read import items_of, read_items
 from batchproof.notary.receipts.reply_view import chat_view
 from batchproof.notary.receipts.shape import ReceiptError, check_receipt
 from batchproof.notary.receipts.verdict import Kind, judge
@@ -21,7 +25,8 @@ MODEL = {"sha256": "a" * 64, "numerics_id": "n1", "tokenizer_sha256": "b" * 64, 
 PARAMS = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0,
           "presence_penalty": 0.0, "frequency_penalty": 0.0, "logit_bias": {}, "seed": 7, "max_tokens": 8,
           "min_tokens": 0, "stop": [], "ignore_eos": False, "top_logprobs": 1, "tail_logprobs": False,
-          "logprobs_mode": "raw", "constraint": None, "generator": "splitmix64-v1"}
+          "logprobs_mode": "raw", "constraint": None, "generator": "splitmix64-v1", "prompt_logprobs": None,
+          "prompt_logprob_token_ids": None, "prompt_logprob_start": 0}
 ENTRIES = ((5, -0.5, ((5, -0.5),), None), (6, -1.25, ((9, -0.25),), None), (2, -0.125, ((2, -0.125),), None))
 OUTCOME = Outcome((5, 6), 2, "stop", 2, ENTRIES)
 SPANS = [{"start": 0, "end": 3, "version": "a" * 16}]
@@ -52,7 +57,10 @@ def test_float_params_check_however_a_json_library_spells_them():
 
 @pytest.mark.parametrize(("edit", "field"), [
     (lambda r: r.pop("params"), "params"),
-    (lambda r: r.update(version=2), "version"),
+    (lambda r: r.update(version=3), "version"),
+    (lambda r: r.pop("prompt_logprobs_sha256"), "prompt_logprobs_sha256"),
+    (lambda r: r["params"].pop("prompt_logprobs"), "params.prompt_logprobs"),
+    (lambda r: r["params"].update(prompt_logprob_token_ids=[[1, -2]]), "params.prompt_logprob_token_ids"),
     (lambda r: r.update(version=True), "version"),
     (lambda r: r["params"].update(seed="7"), "params.seed"),
     (lambda r: r["params"].update(top_k=True), "params.top_k"),
@@ -99,6 +107,8 @@ def _edited(edit) -> dict:
     ("a longer reply", lambda r: r["output_token_ids"].append(4), Kind.TOKEN, "output_token_ids[2]"),
     ("another ending", lambda r: r.update(num_generated_tokens=3), Kind.TOKEN, "num_generated_tokens"),
     ("a logprob's bits", lambda r: r.update(logprobs_sha256="0" * 64), Kind.LOGPROB, "logprobs_sha256"),
+    ("a prompt logprob's bits", lambda r: r.update(prompt_logprobs_sha256="0" * 64), Kind.LOGPROB,
+     "prompt_logprobs_sha256"),
 ])
 def test_the_verdict_names_what_differs(name, edit, kind, field):
     verdict = judge(_edited(edit), HOST, OUTCOME)
@@ -130,13 +140,13 @@ def _chat_choice(entries) -> dict:
 
 def test_a_logprob_edited_in_the_reply_is_found_at_its_position():
     choice = _chat_choice(ENTRIES)
-    assert judge(_receipt(), HOST, OUTCOME, chat_view(choice)).kind == Kind.MATCH
+    assert judge(_receipt(), HOST, OUTCOME, chat_view(choice, {}, [1, 2, 3])).kind == Kind.MATCH
     choice["logprobs"]["content"][1]["top_logprobs"][0]["logprob"] = -0.375
-    verdict = judge(_receipt(), HOST, OUTCOME, chat_view(choice))
+    verdict = judge(_receipt(), HOST, OUTCOME, chat_view(choice, {}, [1, 2, 3]))
     assert (verdict.kind, verdict.field, verdict.position) == (Kind.LOGPROB, "reply logprobs[1]", 1)
     choice = _chat_choice(ENTRIES)
     choice["token_ids"][0] = 4
-    assert judge(_receipt(), HOST, OUTCOME, chat_view(choice)).field == "reply token_ids[0]"
+    assert judge(_receipt(), HOST, OUTCOME, chat_view(choice, {}, [1, 2, 3])).field == "reply token_ids[0]"
 
 
 def test_a_file_of_receipts_names_each_bad_one(tmp_path):
@@ -152,3 +162,136 @@ def test_a_file_of_receipts_names_each_bad_one(tmp_path):
         ("line 1", None), ("line 2", "line"), ("line 3", "line"), ("line 4, choice 0", None),
         ("line 4, choice 1", "receipt"), ("line 5", "receipt")]
     assert items[3].reply is not None and items[3].reply.token_ids == [5, 6, 2]
+
+
+# --- a scored prompt (prompt_logprobs, echo, prompt_token_id_logprobs) --------------------------------
+
+# Prompt [1, 2, 3] scored with 2 alternatives, tails, and two ids named for the row scoring position 2.
+SCORED = {**PARAMS, "prompt_logprobs": 2, "tail_logprobs": True, "prompt_logprob_token_ids": [[7, -1]],
+          "prompt_logprob_start": 1}
+PROMPT_ENTRIES = ((2, -1.5, ((4, -0.5), (2, -1.5)), -2.5, None), (3, -2.0, ((3, -2.0), (4, -3.0)), -0.25,
+                                                                    (-4.0, -math.inf)))
+TAILED = tuple((*e[:3], -3.0) for e in ENTRIES)
+SCORED_OUTCOME = Outcome((5, 6), 2, "stop", 2, TAILED, prompt_entries=PROMPT_ENTRIES)
+
+
+def _scored_receipt() -> dict:
+    return check_receipt(receipt(MODEL, SPANS, [1, 2, 3], dict(SCORED), SCORED_OUTCOME))
+
+
+def test_the_prompt_digest_is_the_documented_bytes():
+    """Each position's entry as logprobs_sha256 writes it, then 0x00 (no ids named for its row) or
+    0x01, their number as a uint32 and each named logprob as a float64."""
+    entry = (2, -1.5, ((4, -0.5),), None)
+    by_hand = (struct.pack(">qdI", 2, -1.5, 1) + struct.pack(">qd", 4, -0.5) + b"\x00" + b"\x00"
+               + struct.pack(">qdI", 3, -2.0, 0) + b"\x01" + struct.pack(">d", -0.25)
+               + b"\x01" + struct.pack(">I", 2) + struct.pack(">dd", -4.0, -math.inf))
+    entries = [(*entry, None), (3, -2.0, (), -0.25, (-4.0, -math.inf))]
+    assert prompt_logprobs_sha256(entries) == hashlib.sha256(by_hand).hexdigest()
+    assert _scored_receipt()["prompt_logprobs_sha256"] == prompt_logprobs_sha256(PROMPT_ENTRIES)
+    assert _receipt()["prompt_logprobs_sha256"] is None  # no prompt scored: no digest
+
+
+def test_a_version_1_receipt_still_reads_and_matches():
+    """Written before prompt scoring was in receipts: no prompt_logprobs_sha256, no prompt params,
+    its params checksum over the params it has."""
+    old = _receipt()
+    old["version"] = 1
+    del old["prompt_logprobs_sha256"]
+    for name in ("prompt_logprobs", "prompt_logprob_token_ids", "prompt_logprob_start"):
+        del old["params"][name]
+    old["checksums"]["params"] = params_checksum(old["params"])
+    assert judge(check_receipt(old), HOST, OUTCOME).kind == Kind.MATCH
+    schema = json.loads((Path(receipts.__file__).parent / "receipt.schema.json").read_text())
+    validator = jsonschema.Draft202012Validator(schema)
+    validator.validate(old)  # the schema takes both versions, each with its own fields
+    validator.validate(_scored_receipt())
+    assert not validator.is_valid({**old, "version": 2}) and not validator.is_valid({**_receipt(), "version": 1})
+    with pytest.raises(ReceiptError) as caught:
+        check_receipt({**old, "version": 2})
+    assert caught.value.field == "prompt_logprobs_sha256"
+
+
+def test_a_prompt_aborted_before_it_was_scored_matches_its_re_execution():
+    aborted = receipt(MODEL, SPANS, [1, 2, 3], dict(SCORED), Outcome((), None, "abort", 0, ()))
+    assert aborted["prompt_logprobs_sha256"] is None
+    assert judge(check_receipt(aborted), HOST, SCORED_OUTCOME).kind == Kind.MATCH
+
+
+def _chat_reply() -> dict:
+    def row(entry):
+        token_id, logprob, top = entry[:3]
+        ranks = {alt_id: r + 1 for r, (alt_id, _) in enumerate(top)}
+        found = {str(token_id): {"logprob": logprob, "rank": ranks.get(token_id), "decoded_token": "t"}}
+        for alt_id, alt_logprob in top:
+            found.setdefault(str(alt_id), {"logprob": alt_logprob, "rank": ranks[alt_id], "decoded_token": "a"})
+        return found
+
+    return {"object": "chat.completion", "prompt_logprobs": [None, *map(row, PROMPT_ENTRIES)]}
+
+
+def _completion_choice() -> dict:
+    """Echo with logprobs 1 (top_logprobs 1): the prompt's entries first, the tail joined with the
+    alternative not shown; then the named ids' rows."""
+    prompt = [(None, None, None), *((e[1], {f"token_id:{e[2][0][0]}": e[2][0][1]}, e[3]) for e in PROMPT_ENTRIES)]
+    # The tails the reply shows join the second alternative: log(exp(tail) + exp(alternative)).
+    prompt[1] = (prompt[1][0], prompt[1][1], -1.5 + math.log1p(math.exp(-2.5 + 1.5)))
+    prompt[2] = (prompt[2][0], prompt[2][1], -0.25 + math.log1p(math.exp(-3.0 + 0.25)))
+    reply = [(e[1], {f"token_id:{e[2][0][0]}": e[2][0][1]}, -3.0) for e in TAILED[:2]]
+    rows = prompt + reply
+    end = TAILED[2]
+    return {"index": 0, "logprobs": {"tokens": ["x"] * 5, "token_logprobs": [r[0] for r in rows],
+                                     "top_logprobs": [r[1] for r in rows], "tail_logprobs": [r[2] for r in rows],
+                                     "text_offset": [0] * 5},
+            "end_token": {"token_id": 2, "token": "x", "logprob": end[1], "bytes": [],
+                          "top_logprobs": [{"token": "y", "logprob": end[2][0][1], "bytes": []}],
+                          "tail_logprob": -3.0},
+            "prompt_token_id_logprobs": [[-4.0, -9999.0]]}
+
+
+def _judged(reply: dict, edit=lambda reply: None):
+    """The verdict on the one receipt the reply carries, re-executed as SCORED_OUTCOME, after `edit`."""
+    reply = copy.deepcopy(reply)
+    edit(reply)
+    [item] = items_of(reply, "reply")
+    verdict = judge(item.receipt, HOST, SCORED_OUTCOME, item.reply)
+    return verdict.kind, verdict.field, verdict.position
+
+
+def test_a_prompt_logprob_edited_in_a_chat_reply_is_named_by_position_and_value():
+    reply = {**_chat_reply(), "choices": [{"index": 0, "message": {}, "logprobs": None,
+                                           "receipt": _scored_receipt()}]}
+    assert _judged(reply) == (Kind.MATCH, None, None)
+    rows = "prompt_logprobs"
+    assert _judged(reply, lambda r: r[rows][2]["4"].update(logprob=-3.125)) == (
+        Kind.LOGPROB, "reply prompt_logprobs[2]['4'].logprob", 2)
+    assert _judged(reply, lambda r: r[rows][1]["2"].update(logprob=-1.25)) == (
+        Kind.LOGPROB, "reply prompt_logprobs[1]['2'].logprob", 1)
+    assert _judged(reply, lambda r: r[rows][1]["2"].update(rank=1)) == (
+        Kind.LOGPROB, "reply prompt_logprobs[1]['2'].rank", 1)
+    # The receipt's digest edited too (a forger's new sha256): the digest is named, at the reply's position.
+    assert _judged(reply, lambda r: (r[rows][2]["3"].update(logprob=-1.0),
+                                     r["choices"][0]["receipt"].update(prompt_logprobs_sha256="1" * 64))) == (
+        Kind.LOGPROB, "prompt_logprobs_sha256", 2)
+    edited = copy.deepcopy(reply)
+    edited[rows][2]["4"]["logprob"] = -3.125
+    [one] = items_of(edited, "reply")
+    message = judge(one.receipt, HOST, SCORED_OUTCOME, one.reply).message
+    assert "prompt position 2 (prompt_token_ids[2] = 3): the logprob of alternative 4 is -3.125" in message
+
+
+def test_a_prompt_logprob_edited_in_an_echoed_completion_is_named_by_position_and_value():
+    reply = {"object": "text_completion", "choices": [{**_completion_choice(), "receipt": _scored_receipt()}]}
+    assert _judged(reply) == (Kind.MATCH, None, None)
+    logprobs = lambda r: r["choices"][0]["logprobs"]  # noqa: E731
+    assert _judged(reply, lambda r: logprobs(r)["token_logprobs"].__setitem__(1, -1.4375)) == (
+        Kind.LOGPROB, "reply logprobs.token_logprobs[1]", 1)
+    assert _judged(reply, lambda r: logprobs(r)["tail_logprobs"].__setitem__(2, -0.5)) == (
+        Kind.LOGPROB, "reply logprobs.tail_logprobs[2]", 2)
+    assert _judged(reply, lambda r: logprobs(r)["top_logprobs"].__setitem__(2, {"token_id:4": -2.0})) == (
+        Kind.LOGPROB, "reply logprobs.top_logprobs[2]['token_id:4']", 2)
+    assert _judged(reply, lambda r: r["choices"][0]["prompt_token_id_logprobs"][0].__setitem__(1, -9.0)) == (
+        Kind.LOGPROB, "reply prompt_token_id_logprobs[0][1]", 2)
+    # The reply's own tokens come after its prompt's: an edit there is still found at its output position.
+    assert _judged(reply, lambda r: logprobs(r)["token_logprobs"].__setitem__(4, -1.0)) == (
+        Kind.LOGPROB, "reply logprobs[1]", 1)

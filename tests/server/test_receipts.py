@@ -1,8 +1,10 @@
 """Receipts on replies (docs/receipts.md), through the official openai client and raw HTTP: one
 per choice on chat, completions and Responses, the streamed one (on a choice's last chunk, the
 completed event's response) equal to the whole reply's, every one held to the JSON Schema, the
-seed a sampled request lacked named, and `--receipts always` attaching them unasked."""
+seed a sampled request lacked named, `--receipts always` attaching them unasked, and a scored
+prompt (prompt_logprobs, echo, prompt_token_id_logprobs) named and digested by each choice."""
 
+import hashlib
 import json
 from importlib import resources
 
@@ -140,3 +142,51 @@ def test_a_setting_no_receipt_can_write_is_a_400_naming_it(server):
     body = b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "repetition_penalty": 1e400, ' \
            b'"receipt": true}'
     assert_error(post(server.url, CHAT, body), 400, param="repetition_penalty", mentions=("finite",))
+
+
+PROMPT_FIELDS = ("prompt_logprobs", "prompt_logprob_token_ids", "prompt_logprob_start")
+
+
+def _without_prompt_scoring(receipt: dict) -> dict:
+    """A receipt's fields less what prompt scoring adds (its params' checksum covers those)."""
+    params = {k: v for k, v in receipt["params"].items() if k not in PROMPT_FIELDS}
+    return {**{k: v for k, v in receipt.items() if k not in ("prompt_logprobs_sha256", "checksums")},
+            "params": params, "checksums": {"prompt_token_ids": receipt["checksums"]["prompt_token_ids"]}}
+
+
+def test_chat_prompt_logprobs_are_named_and_digested_and_the_stream_has_the_rest(server):
+    """A stream takes no prompt_logprobs (a 400 naming it); streamed without them, the receipt is
+    the whole reply's less its prompt scoring: the same tokens, params and logprob digest."""
+    client = _client(server)
+    asked = dict(model=server.state.served_model_name, messages=messages(ASCII_PROMPT), max_tokens=5,
+                 temperature=0.7, seed=5, logprobs=True, top_logprobs=2)
+    whole = client.chat.completions.create(**asked, extra_body={"receipt": True, "prompt_logprobs": 3}).model_dump()
+    receipt = _held_to_schema(whole["choices"][0]["receipt"])
+    assert receipt["version"] == 2 and receipt["params"]["prompt_logprobs"] == 3
+    assert receipt["prompt_logprobs_sha256"] is not None
+    assert len(whole["prompt_logprobs"]) == len(receipt["prompt_token_ids"])
+    response = post(server.url, CHAT, {**asked, "messages": messages(ASCII_PROMPT), "stream": True,
+                                       "prompt_logprobs": 3, "receipt": True})
+    assert_error(response, 400, param="prompt_logprobs")
+    streamed = [chunk.model_dump() for chunk in client.chat.completions.create(**asked, stream=True,
+                                                                               extra_body={"receipt": True})]
+    [carried] = [c["receipt"] for chunk in streamed for c in chunk["choices"] if c.get("receipt")]
+    assert carried["prompt_logprobs_sha256"] is None and carried["params"]["prompt_logprobs"] is None
+    assert _without_prompt_scoring(carried) == _without_prompt_scoring(receipt)
+    plain = client.chat.completions.create(**asked, extra_body={"receipt": True}).model_dump()
+    assert plain["choices"][0]["receipt"] == carried  # streamed == whole, with the same fields asked
+
+
+def test_an_echoed_prompt_is_covered_by_every_choice_that_shows_it(server):
+    """echo with logprobs puts the prompt's entries in each choice's legacy logprobs: choice 1's
+    receipt names and digests them as choice 0's does (the prompt was scored once, by choice 0)."""
+    body = {"prompt": "The capital of France is", "max_tokens": 4, "n": 2, "seed": 3, "temperature": 1.0,
+            "echo": True, "logprobs": 2, "prompt_logprobs": 1, "return_tail_logprobs": True, "receipt": True}
+    reply = post(server.url, COMPLETIONS, body).json()
+    first, second = (_held_to_schema(c["receipt"]) for c in reply["choices"])
+    assert first["params"]["prompt_logprobs"] == second["params"]["prompt_logprobs"] == 2  # echo's 2 > 1
+    assert first["prompt_logprobs_sha256"] == second["prompt_logprobs_sha256"] is not None
+    assert first["output_token_ids"] != second["output_token_ids"]  # seeds 3 and 4
+    scoring_only = post(server.url, COMPLETIONS, {**body, "max_tokens": 0, "n": 1}).json()["choices"][0]["receipt"]
+    assert _held_to_schema(scoring_only)["prompt_logprobs_sha256"] == first["prompt_logprobs_sha256"]
+    assert scoring_only["output_token_ids"] == [] and scoring_only["logprobs_sha256"] == hashlib.sha256().hexdigest()

@@ -6,8 +6,11 @@ sampler, the records, stop strings and the end. The same code and the same rows 
 position's row has the same bits however its tokens were fed: a prefill chunk or a decode step, the
 invariant speculative decoding and the prefix cache rest on), so the same bits as generating again;
 a position whose choice is not the known token ends that reply there, as the draws of speculative
-verification do. The receipts' verifier (commands/receipts/replay.py) is its caller; a reply a stop
-string cut, and the torch path (whose rows depend on how tokens were fed), are generated again there."""
+verification do. A reply that scored its prompt (prompt_logprobs, echo) has its prompt's records
+built from the same prefill's rows, as the runner scores a prompt chunk by chunk, and sent on its
+first output as the engine sends them. The receipts' verifier (commands/receipts/replay.py) is its
+caller; a reply a stop string cut, and the torch path (whose rows depend on how tokens were fed),
+are generated again there."""
 
 import dataclasses
 from collections import Counter
@@ -20,6 +23,7 @@ from batchproof.engine.memory import prefill_heap
 from batchproof.engine.model.transformer import Segment
 from batchproof.engine.outputs import RequestOutput
 from batchproof.engine.sampling.draws import Draws
+from batchproof.engine.sampling.logprobs import TokenRecord, build_records
 from batchproof.engine.sampling.params import SamplingParams
 from batchproof.engine.sampling.sampler import apply_penalties, banned_for_step, logit_bias_row, processed_logits
 from batchproof.engine.sequence import Sequence
@@ -53,6 +57,7 @@ class _Job:
     fed: list[int]  # prompt + the reply's tokens but the last row's
     wanted: list[int]  # the token each row must choose: the reply's, then its end token
     logits: torch.Tensor | None = None  # [rows, V]: row j chooses wanted[j]
+    scored: list[TokenRecord | None] | None = None  # its prompt's records (None first), where it scores them
     outputs: list[RequestOutput] = dataclasses.field(default_factory=list)
     seed_differs: bool = False
 
@@ -139,11 +144,27 @@ def _prefill(engine: Engine, group: list[_Job]) -> None:
                             job.seq.slot) for job, at, n in call]
         rows = model.prefill(segments, kv)
         for (job, at, n), part in zip(call, rows.split([n for _, _, n in call])):
+            if job.seq.params.prompt_logprobs is not None:
+                job.scored = (job.scored or [None]) + _score(engine, job.seq, at, part)
             first = len(job.seq.prompt_ids) - 1  # the prompt's last position chooses the first token
             if at + n > first:
                 hidden[id(job)].append(part[max(0, first - at):])
     for job in group:
         job.logits = model.logits(torch.cat(hidden[id(job)])).cpu()
+
+
+def _score(engine: Engine, seq: Sequence, start: int, rows: torch.Tensor) -> list[TokenRecord]:
+    """The records of the prompt positions these rows predict (row i: token start + i + 1), as
+    the runner scores a prefill chunk (Runner._score): the same rows, the same function."""
+    targets = seq.prompt_ids[start + 1:start + 1 + len(rows)]
+    if not targets:
+        return []
+    logits = engine.model.logits(rows[:len(targets)]).cpu()
+    params = seq.params
+    steps = list(range(start + 1, start + 1 + len(targets)))
+    return build_records(logits, targets, [params.prompt_logprobs] * len(targets), steps,
+                         engine.model.ops.normalizer_and_top_k, [params.tail_logprobs] * len(targets),
+                         [params.named_ids_at(step) for step in steps])
 
 
 def _choose(engine: Engine, group: list[_Job]) -> None:
@@ -153,7 +174,8 @@ def _choose(engine: Engine, group: list[_Job]) -> None:
     while active:
         rows = torch.stack([job.logits[at] for job in active])
         going = []
-        for job, out in zip(active, engine.outputs.process([job.seq for job in active], rows, [None] * len(active))):
+        scored = [job.scored if at == 0 else None for job in active]  # on a reply's first output
+        for job, out in zip(active, engine.outputs.process([job.seq for job in active], rows, scored)):
             job.outputs.append(out)
             seq = job.seq
             chosen = _chosen(seq, out)

@@ -5,13 +5,13 @@ it cannot, scoring packs every job's prompt into the engine's prefill steps
 engine batches: a receipt's bits do not depend on its company."""
 
 from batchproof.commands.receipts.replay import is_replayable, replay
-from batchproof.commands.receipts.scoring import ScoreJob
+from batchproof.commands.receipts.scoring import PromptJob, ScoreJob
 from batchproof.engine.engine import Engine
 from batchproof.engine.outputs import RequestOutput
 from batchproof.engine.rollout_scoring import score_prompts
 from batchproof.engine.sampling.params import SamplingParams
-from batchproof.notary.receipts.format import Entry, Outcome
-from batchproof.server.reply.receipt import entry, outcome_of, sampling_params
+from batchproof.notary.receipts.format import Entry, Outcome, PromptEntry
+from batchproof.server.reply.receipt import entry, outcome_of, prompt_entries, sampling_params
 from batchproof.server.reply.receipt_facts import host_facts
 
 
@@ -46,6 +46,13 @@ class LocalHost:
         for job, scored in zip(jobs, score_prompts(self.engine, prompts)):
             results.append(scored if isinstance(scored, str) else [entry(r) for r in scored[job.num_prompt:]])
         return results
+
+    def score_prompts(self, jobs: list[PromptJob]) -> list[tuple[PromptEntry, ...] | str]:
+        prompts = [(job.prompt_ids, SamplingParams(temperature=0.0, max_tokens=0, prompt_logprobs=job.num_alternatives,
+                                                   tail_logprobs=job.tails, prompt_logprob_token_ids=job.named,
+                                                   prompt_logprob_start=job.start)) for job in jobs]
+        return [scored if isinstance(scored, str) else prompt_entries(scored)
+                for scored in score_prompts(self.engine, prompts)]
 
     def generate(self, jobs: list[tuple[list[int], dict]], max_in_flight: int | None = None) -> list[Outcome | str]:
         """Each (prompt ids, receipt params) generated again -> what it produced, or why it could not run."""

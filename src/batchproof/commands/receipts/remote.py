@@ -8,9 +8,9 @@ import math
 
 import httpx
 
-from batchproof.commands.receipts.scoring import ScoreJob
+from batchproof.commands.receipts.scoring import PromptJob, ScoreJob
 from batchproof.common.wire import ABSENT_LOGPROB
-from batchproof.notary.receipts.format import Entry, Outcome
+from batchproof.notary.receipts.format import Entry, Outcome, PromptEntry
 
 CONCURRENCY = 16  # requests in flight: a server's batch at its default --max-batch
 FACTS = ("model_sha256", "numerics_id", "tokenizer_sha256", "chat_template_sha256", "max_model_len")
@@ -46,6 +46,13 @@ def _end_entry(end: dict) -> Entry:
             None if tail is None else _float(tail))
 
 
+def _prompt_entries(choice: dict, job: PromptJob) -> tuple[PromptEntry, ...]:
+    """Positions 1 on of an echoed prompt, each with its named ids' logprobs where it has a row."""
+    rows = choice.get("prompt_token_id_logprobs") or []
+    named = {job.start + 1 + i: tuple(_float(v) for v in row) for i, row in enumerate(rows)}
+    return tuple((*e, named.get(position)) for position, e in enumerate(_legacy_entries(choice["logprobs"], 1), 1))
+
+
 def generate_body(prompt: list[int], params: dict) -> dict:
     """A receipt's params as a /v1/completions request for the same bits."""
     body = {"prompt": prompt, "return_tokens_as_token_ids": True, "receipt": True,
@@ -54,6 +61,8 @@ def generate_body(prompt: list[int], params: dict) -> dict:
                                                "logit_bias", "stop", "ignore_eos", "min_tokens", "logprobs_mode")}}
     if params["seed"] is not None:
         body["seed"] = params["seed"]
+    if params["max_tokens"] == 0:  # a prompt scored alone: the route takes 0 only with echo (its prompt
+        body["echo"] = True        # is scored apart, score_prompts; the echoed entries are skipped)
     if params["top_logprobs"] is not None:
         body["logprobs"] = params["top_logprobs"]
         body["return_tail_logprobs"] = params["tail_logprobs"]
@@ -105,15 +114,30 @@ class RemoteHost:
         return [choice if isinstance(choice, str) else _legacy_entries(choice["logprobs"], job.num_prompt)
                 for job, choice in zip(jobs, self._each(bodies))]
 
+    def score_prompts(self, jobs: list[PromptJob]) -> list[tuple[PromptEntry, ...] | str]:
+        """Each prompt echoed and scored alone (max_tokens 0): echo's legacy entries, spelled by id,
+        hold every alternative the records do (logprobs = their number) and the tails unjoined;
+        prompt_token_id_logprobs the named ids' rows."""
+        bodies = []
+        for job in jobs:
+            body = {"prompt": job.prompt_ids, "max_tokens": 0, "echo": True, "logprobs": job.num_alternatives,
+                    "return_tail_logprobs": job.tails, "return_tokens_as_token_ids": True}
+            if job.named is not None:
+                body |= {"prompt_logprob_token_ids": [list(row) for row in job.named],
+                         "prompt_logprob_start": job.start}
+            bodies.append(body)
+        return [choice if isinstance(choice, str) else _prompt_entries(choice, job)
+                for job, choice in zip(jobs, self._each(bodies))]
+
     def generate(self, jobs: list[tuple[list[int], dict]]) -> list[Outcome | str]:
         bodies = [generate_body(prompt, params) for prompt, params in jobs]
         refused = "a grammar-constrained reply is re-executed in process only (--model, not --url)"
         choices = iter(self._each([b for b, (_, params) in zip(bodies, jobs) if params["constraint"] is None]))
-        return [refused if params["constraint"] is not None else self._outcome(next(choices), params)
-                for _, params in jobs]
+        return [refused if params["constraint"] is not None else self._outcome(next(choices), params, len(prompt))
+                for prompt, params in jobs]
 
     @staticmethod
-    def _outcome(choice: dict | str, params: dict) -> Outcome | str:
+    def _outcome(choice: dict | str, params: dict, num_prompt: int) -> Outcome | str:
         """A generated choice as what it produced: its tokens and ending as its own receipt names
         them, its entries read from its logprobs (so the digest is computed here, not taken)."""
         if isinstance(choice, str):
@@ -122,6 +146,7 @@ class RemoteHost:
         entries = None
         if params["top_logprobs"] is not None:
             end = choice.get("end_token")
-            entries = tuple(_legacy_entries(choice["logprobs"], 0)) + ((_end_entry(end),) if end else ())
+            echoed = num_prompt if params["max_tokens"] == 0 else 0  # the prompt's entries come first
+            entries = tuple(_legacy_entries(choice["logprobs"], echoed)) + ((_end_entry(end),) if end else ())
         return Outcome(tuple(theirs["output_token_ids"]), theirs["end_token_id"], theirs["finish_reason"],
                        theirs["num_generated_tokens"], entries)

@@ -7,7 +7,7 @@ the row the choice reads, not the prefill's), no ban (ignore_eos, min_tokens), n
 from dataclasses import dataclass
 
 from batchproof.engine.sampling.params import GREEDY_BELOW
-from batchproof.notary.receipts.format import Entry, Outcome
+from batchproof.notary.receipts.format import Entry, Outcome, prompt_scoring
 
 
 @dataclass(frozen=True)
@@ -16,6 +16,27 @@ class ScoreJob:
     num_prompt: int
     num_alternatives: int  # at least 1: the first maximum is the greedy choice
     tails: bool
+
+
+@dataclass(frozen=True)
+class PromptJob:
+    """A receipt's prompt scoring, on its own: the scored prompt's records depend on the prompt
+    and these alone (raw rows; no sampling setting touches them)."""
+
+    prompt_ids: list[int]
+    num_alternatives: int
+    tails: bool
+    named: tuple[tuple[int, ...], ...] | None  # prompt_logprob_token_ids
+    start: int  # prompt_logprob_start
+
+
+def prompt_job(receipt: dict) -> PromptJob | None:
+    """None for a receipt whose reply scored no prompt."""
+    scoring = prompt_scoring(receipt["params"])
+    if scoring is None:
+        return None
+    num_alternatives, named, start = scoring
+    return PromptJob(receipt["prompt_token_ids"], num_alternatives, receipt["params"]["tail_logprobs"], named, start)
 
 
 def is_scorable(receipt: dict) -> bool:

@@ -29,7 +29,7 @@ def _one(receipt: object, where: str, view=None) -> Item:
         return Item(where, None, error=e)
     try:
         return Item(where, checked, view(checked) if view is not None else None)
-    except (KeyError, TypeError, AttributeError) as e:  # a reply's logprobs in no shape we write
+    except (KeyError, TypeError, AttributeError, ValueError) as e:  # a reply's logprobs in no shape we write
         return Item(where, None, error=ReceiptError("reply", f"cannot read the reply's logprobs ({e!r})"))
 
 
@@ -53,8 +53,9 @@ def items_of(value: object, where: str) -> list[Item]:
             def view(receipt: dict, choice: dict = choice) -> ReplyView:
                 if legacy:
                     return completions_view(choice, len(receipt["output_token_ids"]),
-                                            receipt["params"]["top_logprobs"])
-                return chat_view(choice)
+                                            receipt["params"]["top_logprobs"], receipt["prompt_token_ids"],
+                                            receipt["params"].get("prompt_logprob_start", 0))
+                return chat_view(choice, value, receipt["prompt_token_ids"])
 
             items.append(_one(choice.get("receipt"), f"{where}, choice {choice.get('index', i)}", view))
         return items

@@ -6,7 +6,9 @@ at its position even though the receipt beside it is intact."""
 from dataclasses import dataclass
 
 from batchproof.common.wire import wire_logprob
+from batchproof.notary.receipts import prompt_view
 from batchproof.notary.receipts.format import Entry
+from batchproof.notary.receipts.prompt_view import Shown
 
 # (logprob, the alternatives' logprobs best first or None where the reply's shape lost some,
 # the tail's logprob or None): one token's numbers as the reply spells them.
@@ -18,6 +20,7 @@ class ReplyView:
     entries: list[WireEntry] | None  # one per reply token, then the end token's where shown
     token_ids: list[int] | None  # the generated ids, the end token last (return_token_ids)
     shows_end: bool = True  # whether an end token's entry is shown (the Responses API has no place for it)
+    prompt: list[Shown] | None = None  # each number it shows of its scored prompt (prompt_view.py)
 
 
 def _chat_entry(entry: dict) -> WireEntry:
@@ -25,18 +28,37 @@ def _chat_entry(entry: dict) -> WireEntry:
             entry.get("tail_logprob"))
 
 
-def chat_view(choice: dict) -> ReplyView:
-    """A chat.completion choice (its `logprobs.content`, then its `end_token`)."""
+def chat_view(choice: dict, reply: dict, prompt_ids: list[int]) -> ReplyView:
+    """A chat.completion choice (its `logprobs.content`, then its `end_token`), and the prompt's
+    scores the reply carries beside its choices (`prompt_logprobs`, one prompt for all)."""
     content = (choice.get("logprobs") or {}).get("content")
     entries = None
     if content is not None:
         entries = [_chat_entry(e) for e in content]
         if choice.get("end_token") is not None:
             entries.append(_chat_entry(choice["end_token"]))
-    return ReplyView(entries, choice.get("token_ids"))
+    rows = reply.get("prompt_logprobs")
+    prompt = None if rows is None else prompt_view.vllm_rows(rows, prompt_ids, "prompt_logprobs")
+    return ReplyView(entries, choice.get("token_ids"), prompt=prompt)
 
 
-def completions_view(choice: dict, num_tokens: int, num_alternatives: int | None) -> ReplyView:
+def _completions_prompt(choice: dict, prompt_ids: list[int], num_tokens: int, num_alternatives: int | None,
+                        start: int) -> list[Shown] | None:
+    """Every number a completion choice shows of its prompt: vLLM's prompt_logprobs, the entries
+    echo put first, the named ids' rows."""
+    shown: list[Shown] = []
+    if choice.get("prompt_logprobs") is not None:
+        shown += prompt_view.vllm_rows(choice["prompt_logprobs"], prompt_ids, "prompt_logprobs")
+    logprobs = choice.get("logprobs")
+    if logprobs is not None and len(logprobs["token_logprobs"]) == len(prompt_ids) + num_tokens:  # echoed
+        shown += prompt_view.echoed(logprobs, len(prompt_ids), num_alternatives or 0)
+    if choice.get("prompt_token_id_logprobs") is not None:
+        shown += prompt_view.named(choice["prompt_token_id_logprobs"], start)
+    return shown or None
+
+
+def completions_view(choice: dict, num_tokens: int, num_alternatives: int | None, prompt_ids: list[int],
+                     start: int = 0) -> ReplyView:
     """A text_completion choice: its last num_tokens legacy entries (with echo the prompt's come
     first), then its `end_token`. A top_logprobs object keyed by text merges two alternatives of
     one spelling; then its alternatives are not compared (None)."""
@@ -53,7 +75,8 @@ def completions_view(choice: dict, num_tokens: int, num_alternatives: int | None
             entries.append((value, alternatives, tail))
         if choice.get("end_token") is not None:
             entries.append(_chat_entry(choice["end_token"]))
-    return ReplyView(entries, choice.get("token_ids"))
+    return ReplyView(entries, choice.get("token_ids"),
+                     prompt=_completions_prompt(choice, prompt_ids, num_tokens, num_alternatives, start))
 
 
 def responses_view(response: dict) -> ReplyView:

@@ -6,7 +6,7 @@ setting's range is the engine's to check, when it runs one."""
 import re
 from collections.abc import Callable
 
-from batchproof.notary.receipts.format import VERSION
+from batchproof.notary.receipts.format import VERSIONS
 
 HEX64 = re.compile(r"[0-9a-f]{64}")
 TOKEN_ID_KEY = re.compile(r"[0-9]{1,18}")  # ASCII digits only: str.isdigit() also takes "²"
@@ -59,8 +59,18 @@ PARAMS = {
                              and isinstance(v.get("grammar"), str)), "null or {kind, grammar}"),
     "generator": (_optional(lambda v: isinstance(v, str)), "a string or null"),
 }
+# Version 2's prompt scoring (absent from version 1 receipts, which scored no prompt).
+PROMPT_PARAMS = {
+    "prompt_logprobs": (_optional(lambda v: _int(v) and v >= 0), "an integer >= 0 or null"),
+    "prompt_logprob_token_ids": (_optional(lambda v: isinstance(v, list) and all(
+        isinstance(row, list) and all(_int(t) and t >= -1 for t in row) for row in v)),
+        "null or a list of rows of token ids (-1 pads a row)"),
+    "prompt_logprob_start": (lambda v: _int(v) and v >= 0, "an integer >= 0"),
+}
+PROMPT_TOP = {"prompt_logprobs_sha256": (_optional(_hex), "a sha256 or null")}
 TOP = {
-    "version": (lambda v: _int(v) and v == VERSION, f"{VERSION} (the only version this verifier reads)"),
+    "version": (lambda v: _int(v) and v in VERSIONS, f"one of {', '.join(map(str, VERSIONS))} (the versions "
+                                                      "this verifier reads)"),
     "prompt_token_ids": (lambda v: _token_ids(v) and len(v) > 0, "a non-empty list of token ids"),
     "output_token_ids": (_token_ids, "a list of token ids"),
     "end_token_id": (_optional(lambda v: _int(v) and v >= 0), "a token id or null"),
@@ -89,8 +99,12 @@ def check_receipt(receipt: object) -> dict:
     if not isinstance(receipt, dict):
         raise ReceiptError("receipt", "must be a JSON object")
     _check(receipt, TOP, "")
-    for name, rules in (("model", MODEL), ("params", PARAMS)):
+    is_v1 = receipt["version"] == 1
+    if not is_v1:
+        _check(receipt, PROMPT_TOP, "")
+    for name, rules in (("model", MODEL), ("params", PARAMS if is_v1 else {**PARAMS, **PROMPT_PARAMS})):
         if not isinstance(receipt.get(name), dict):
             raise ReceiptError(name, "must be an object")
         _check(receipt[name], rules, f"{name}.")
-    return receipt
+    # Version 1 read as version 2 without prompt scoring; its params stay as written (their checksum).
+    return {**receipt, "prompt_logprobs_sha256": None} if is_v1 else receipt

@@ -5,6 +5,7 @@ an exit code scripts can read (docs/receipts.md)."""
 import enum
 from dataclasses import dataclass
 
+from batchproof.notary.receipts import prompt_view
 from batchproof.notary.receipts.format import Outcome, checksum, params_checksum
 from batchproof.notary.receipts.reply_view import ReplyView, first_difference, wire_entries
 
@@ -21,7 +22,7 @@ class Kind(enum.IntEnum):
     PARAMS = 7  # params (the seed among them): edited since the reply
     PROMPT = 8  # prompt_token_ids: edited since the reply
     TOKEN = 9  # an output token (or where the reply ends) is not what re-execution chose
-    LOGPROB = 10  # a logprob's bits
+    LOGPROB = 10  # a logprob's bits (a reply token's, or a scored prompt position's)
     UNVERIFIABLE = 11  # this host refused to run it (a context too short, a grammar over --url)
 
 
@@ -30,8 +31,10 @@ class Verdict:
     kind: Kind
     field: str | None  # the receipt's (or the reply's) name for what differs
     # The first output position where the re-executed reply differs (its tokens, the end token
-    # counted after them; else a logprob entry where the reply shows them); None when it does
-    # not, or where no position can be named (a digest alone differs).
+    # counted after them; else a logprob entry where the reply shows them); for a scored prompt's
+    # logprob (field prompt_logprobs_sha256, or the reply's prompt_logprobs, echoed entries or
+    # prompt_token_id_logprobs) the prompt position instead; None when it does not, or where no
+    # position can be named (a digest alone differs).
     position: int | None
     message: str
 
@@ -125,16 +128,38 @@ def _logprobs(receipt: dict, outcome: Outcome, reply: ReplyView | None) -> tuple
     return None
 
 
+def _prompt_logprobs(receipt: dict, outcome: Outcome, reply: ReplyView | None) -> tuple[int | None, str, str] | None:
+    """The scored prompt's bits (positions 1 on) against re-execution: the digest, then each
+    number the reply shows of them, named by prompt position and which value it is."""
+    found = None
+    if reply is not None and reply.prompt is not None and outcome.prompt_entries is not None:
+        found = prompt_view.first_difference(reply.prompt, outcome.prompt_entries)
+    if receipt["prompt_logprobs_sha256"] != outcome.prompt_logprobs_sha256:
+        where = "" if found is None else f" (the reply's first differing one: {found[0].field})"
+        return (None if found is None else found[0].position, "prompt_logprobs_sha256",
+                "the scored prompt's logprobs' bits differ from the re-executed ones" + where)
+    if found is not None:
+        shown, expected = found
+        token = receipt["prompt_token_ids"][shown.position]
+        return shown.position, f"reply {shown.field}", (
+            f"prompt position {shown.position} (prompt_token_ids[{shown.position}] = {token}): {shown.what} is "
+            f"{shown.value} in the reply, re-executed {expected} (the receipt's digest holds the re-executed bits)")
+    return None
+
+
 def judge(receipt: dict, host: dict, outcome: Outcome | str | None, reply: ReplyView | None = None) -> Verdict:
     """`receipt`: well formed (shape.check_receipt); `host`: the verifying host's model facts
     (model_sha256, numerics_id, tokenizer_sha256, chat_template_sha256); `outcome`: what
     re-executing it gave (a string: why it could not run; None: not run); `reply`: what the reply
     beside it showed, if it came with one."""
-    if isinstance(outcome, Outcome) and receipt["finish_reason"] == "abort":
-        outcome = outcome.cut(len(receipt["output_token_ids"]))  # an abort ends it where it was
+    if isinstance(outcome, Outcome) and receipt["finish_reason"] == "abort":  # it ends where it was; its prompt
+        # scored only if its prefill completed before the abort
+        outcome = outcome.cut(len(receipt["output_token_ids"]), receipt["prompt_logprobs_sha256"] is not None)
     diverged = _tokens(receipt, outcome) if isinstance(outcome, Outcome) else None
     reply_ids = _reply_ids(receipt, reply)
-    logprobs = _logprobs(receipt, outcome, reply) if isinstance(outcome, Outcome) and diverged is None else None
+    logprobs = None
+    if isinstance(outcome, Outcome) and diverged is None:  # the prompt's positions come before the reply's
+        logprobs = _prompt_logprobs(receipt, outcome, reply) or _logprobs(receipt, outcome, reply)
     first = diverged or reply_ids or logprobs
     position = first[0] if first else None
     # Replayed along the receipt's tokens, the token where they part was one these settings could
