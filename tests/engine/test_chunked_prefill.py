@@ -29,9 +29,9 @@ def test_a_long_prompt_interleaves_with_decoding_and_keeps_its_bits(engine, monk
     fed: list[int] = []
     prefill = engine.model.prefill
 
-    def counting_prefill(segments, cache):
+    def counting_prefill(segments, cache, *routing):
         fed[-1] += sum(len(s.token_ids) for s in segments)
-        return prefill(segments, cache)
+        return prefill(segments, cache, *routing)
 
     monkeypatch.setattr(engine.model, "prefill", counting_prefill)
     # A fixed budget beside decoding sequences: the pacer follows the clock (its own test

@@ -14,7 +14,8 @@ from batchproof.common.config import ConfigError
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", type=Path, help="rollouts as JSONL: prompt_token_ids, completion_token_ids, "
-                                                "logprobs, optionally top_logprobs and id")
+                                                "logprobs, optionally top_logprobs, id and "
+                                                "routed_experts (an MoE rollout's routing)")
     parser.add_argument("--out", type=Path, required=True, help="directory for report.json and report.html")
     parser.add_argument("--model", type=Path, help="GGUF file, checkpoint directory or packaged model name "
                                                    "(default: smollm2-135m): the weights the rollouts came from")
@@ -24,6 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tis-cap", type=float, action="append", help="a truncated-IS cap to report (repeat); "
                                                                        "default: 2 and 3")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--replay-routing", action="store_true",
+                        help="score a rollout that claims its MoE routing (routed_experts) under it, not under ours")
     parser.add_argument("--mask-band", type=float, nargs=2, metavar=("LOW", "HIGH"), default=(0.5, 2.0),
                         help="masked-IS band: ratios outside are dropped [default: 0.5 2]")
 
@@ -51,15 +54,21 @@ def verify(engine, rollouts: list, bad: list[dict], settings, progress: bool = T
     from batchproof.server.info import numerics_id
 
     items = [(r.prompt_token_ids, r.completion_token_ids) for r in rollouts]
+    import numpy as np
+
+    routed = frozenset(i for i, r in enumerate(rollouts) if r.routed_experts is not None)  # ours compared too
+    replayed = {i: np.array(rollouts[i].routed_experts, dtype=np.int64) for i in routed} if settings.replay_routing \
+        else None
     with _progress(len(items), sum(len(p) + len(c) for p, c in items), progress) as advance:
-        results = score_rollouts(engine, items, advance)
+        results = score_rollouts(engine, items, advance, routed=routed, replayed=replayed)
     kept, scores = [], []
     for rollout, result in zip(rollouts, results):
         if isinstance(result, str):
-            bad.append({"where": rollout.where, "field": "prompt_token_ids", "error": f"{rollout.where}: {result}"})
+            field = "routed_experts" if "routed" in result or "forced_routes" in result else "prompt_token_ids"
+            bad.append({"where": rollout.where, "field": field, "error": f"{rollout.where}: {result}"})
         else:
             kept.append(rollout)
-            scores.append(Scored(result.logprobs, result.top))
+            scores.append(Scored(result.logprobs, result.top, result.routes))
     info = engine.info()
     engine_info = {"model": Path(info["model_path"]).name, "model_sha256": info["model_sha256"],
                    "numerics_id": numerics_id(info), "dtype": info["dtype"], "device": info["device"],
@@ -97,7 +106,8 @@ def run(args: argparse.Namespace, engine=None) -> int:
     from batchproof.notary.settings import Settings
 
     try:
-        settings = Settings(args.near_tie, tuple(args.tis_cap or (2.0, 3.0)), tuple(args.mask_band))
+        settings = Settings(args.near_tie, tuple(args.tis_cap or (2.0, 3.0)), tuple(args.mask_band),
+                            getattr(args, "replay_routing", False))
     except ValueError as e:
         print(f"batchproof verify-rollouts: {e}", file=sys.stderr)
         return 2

@@ -20,6 +20,7 @@ from batchproof.engine.memory import hand_back_large_blocks, prefill_heap, trim_
 from batchproof.engine.model.errors import ModelLoadError
 from batchproof.engine.model.front import ModelFront
 from batchproof.engine.model.known_models import resolve_model
+from batchproof.engine.model.moe.receipt import receipt, replay_error
 from batchproof.engine.model.ops import KernelOps, Ops, choose_ops, kernels
 from batchproof.engine.model.ops.threads import ThreadShare, read_machine
 from batchproof.engine.model.source import model_source, pinned_files
@@ -251,6 +252,13 @@ class Engine:
         bad = [i for i in (*prompt_ids, *params.logit_bias) if not 0 <= i < vocab]
         if bad:
             raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
+        if (params.return_routed_experts or params.forced_routes is not None) and not self.spec.num_experts:
+            raise ValueError(f"return_routed_experts: this {self.spec.arch} model has no mixture-of-experts layers")
+        wrong = params.forced_routes is not None and replay_error(
+            params.forced_routes, self.spec.num_experts, len(self.model.moe_index), self.spec.num_experts_used,
+            len(prompt_ids))
+        if wrong:
+            raise ValueError(f"forced_routes: {wrong}")
 
     def abort(self, request_id: str) -> None:
         seq = self._sequences.get(request_id)
@@ -338,6 +346,8 @@ class Engine:
             if seq is not None:
                 label(out, seq)
             if out.finish_reason is not None:
+                if seq is not None and seq.routes is not None:  # every fed position's (the last chosen never was)
+                    out.routed_experts = receipt(seq.routes, seq.num_tokens - 1, self.spec.num_experts)
                 self._sequences.pop(out.request_id, None)
                 if out.num_draft_tokens:
                     self._batch_drafts.append((out.request_id, out.num_draft_tokens, out.num_accepted_tokens))
@@ -430,6 +440,9 @@ class Engine:
             "model_path": str(self.model_path),
             "model_sha256": self.model_sha256,
             "architecture": self.spec.arch,
+            "num_experts": self.spec.num_experts,  # 0: dense (no routing receipts)
+            "num_experts_used": self.spec.num_experts_used,
+            "num_moe_layers": len(self.model.moe_index),
             "device": str(self.device),
             "dtype": self.config.dtype,
             "max_batch": self.config.max_batch,

@@ -6,6 +6,7 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from batchproof.engine.grammar.state import GrammarFailure
@@ -58,6 +59,9 @@ class RequestOutput:
     # its token_ids as spans indexed over the reply's tokens, so a stream's spans join end to end.
     weight_version: str = ""
     weight_version_spans: list["VersionSpan"] = field(default_factory=list)
+    # With params.return_routed_experts, on the last delta only: the experts each fed position
+    # (prompt, then reply but its last token) was routed to, [positions, MoE layers, k] (moe/receipt.py).
+    routed_experts: np.ndarray | None = None
 
 
 @dataclass(frozen=True)

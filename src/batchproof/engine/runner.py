@@ -3,9 +3,11 @@ the cache manager's two calls around a prompt's prefill (what the prefix cache g
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from batchproof.engine.cache.manager import CacheManager
+from batchproof.engine.model.moe.receipt import by_position
 from batchproof.engine.model.transformer import Segment, Transformer
 from batchproof.engine.sampling.logprobs import TokenRecord, build_records
 from batchproof.engine.sequence import PrefillProgress, Reused, Sequence
@@ -79,7 +81,9 @@ class ModelRunner:
         while active := [(span.seq, span.seq.num_computed, min(size, span.stop - span.seq.num_computed))
                          for span in group if span.seq.num_computed < span.stop]:
             segments = [Segment(seq.prefill.ids[at:at + n], at, seq.slot) for seq, at, n in active]
-            hidden = self.model.prefill(segments, self.caches.kv)
+            routes = [] if any(seq.routes is not None for seq, _, _ in active) else None
+            hidden = self.model.prefill(segments, self.caches.kv, routes, self._forced(active))
+            self._add_routes([seq for seq, _, _ in active], [n for _, _, n in active], routes)
             for (seq, at, n), rows in zip(active, hidden.split([n for _, _, n in active])):
                 seq.prefill.computed.append(rows)
                 if seq.params.prompt_logprobs is not None and not seq.is_refilling:
@@ -130,11 +134,40 @@ class ModelRunner:
         token_ids[:num_real] = torch.tensor([t for f in fed for t in f])
         positions[:num_real] = torch.tensor([s.num_tokens - 1 + j for s, f in zip(seqs, fed) for j in range(len(f))])
         slots[:num_real] = torch.tensor([s.slot for s, f in zip(seqs, fed) for _ in f])
+        routes = [] if any(seq.routes is not None for seq in seqs) else None
         hidden = self.model.decode(token_ids.to(self.device), positions.to(self.device), slots.to(self.device),
-                                   num_real, self.caches.kv)
+                                   num_real, self.caches.kv, routes)
+        self._add_routes(seqs, [len(f) for f in fed], routes)
         for seq in seqs:
             seq.num_computed = seq.num_tokens
         return self.model.logits(hidden, out=self._logits_buffer(hidden.shape[0]))[:num_real].cpu()
+
+    def _forced(self, active: list[tuple[Sequence, int, int]]) -> torch.Tensor | None:
+        """The step's replayed routing [rows, MoE layers, k] (-1s where a row routes freely), or
+        None when no sequence in it replays one (SamplingParams.forced_routes)."""
+        claims = [seq.params.forced_routes for seq, _, _ in active]
+        if all(claim is None for claim in claims):
+            return None
+        shape = next(claim for claim in claims if claim is not None).shape[1:]
+        forced = torch.full((sum(n for _, _, n in active), *shape), -1, dtype=torch.int64)
+        row = 0
+        for (_, at, n), claim in zip(active, claims):
+            if claim is not None and at < len(claim):
+                rows = claim[at:at + n]
+                forced[row:row + len(rows)] = torch.from_numpy(rows.astype(np.int64))
+            row += n
+        return forced.to(self.device)
+
+    @staticmethod
+    def _add_routes(seqs: list[Sequence], num_rows: list[int], routes: list[torch.Tensor] | None) -> None:
+        """The step's routes (each MoE layer's ids for every real row, the rows in seqs' order,
+        num_rows[i] of them seqs[i]'s) -> the rows of each sequence that asked for them."""
+        if routes is None:
+            return
+        rows = by_position(routes)[:sum(num_rows)].cpu()  # [real rows, layers, k] (decode pads past them)
+        for seq, own in zip(seqs, rows.split(num_rows)):
+            if seq.routes is not None:
+                seq.routes.append(own)
 
     # --- what a slot holds, changed from outside a forward pass --------------------------
 
@@ -144,6 +177,7 @@ class ModelRunner:
         and never reach the prefix cache)."""
         for seq, n in zip(seqs, num_computed):
             seq.num_computed = n
+            seq.keep_routes(n)
 
     def discard(self, seq: Sequence) -> None:
         """Its step raised: its keys and values may be half written, so none counts as computed
@@ -156,6 +190,7 @@ class ModelRunner:
         seq.num_computed = 0
         seq.prefill = None
         seq.is_refilling = refill
+        seq.keep_routes(0)
 
     def _logits_buffer(self, rows: int) -> torch.Tensor:
         """[rows, V], the same memory every decode step: the step's logits are read before the

@@ -73,9 +73,21 @@ class Sequence:
     # output tokens its deltas have released, where the next delta's spans begin.
     weight_versions: list[tuple[int, str]] = field(default_factory=list)
     num_released: int = 0
+    # With params.return_routed_experts: the experts each fed position was routed to, chunks of
+    # [positions, MoE layers, k] in position order (model/moe/receipt.py). The runner adds each
+    # step's rows and cuts them back to what counts (keep_routes).
+    routes: list[torch.Tensor] | None = None
 
     def __post_init__(self) -> None:
         self.seen_ids = set(self.prompt_ids)
+        if self.params.return_routed_experts:
+            self.routes = []
+
+    def keep_routes(self, num_positions: int) -> None:
+        """Only the first num_positions rows count: past them, rejected drafts' (speculation), or
+        none at all after a keep swap (the refill routes every position again)."""
+        if self.routes is not None and sum(len(rows) for rows in self.routes) > num_positions:
+            self.routes = [torch.cat(self.routes)[:num_positions]]
 
     @property
     def num_tokens(self) -> int:

@@ -71,7 +71,7 @@ def _record_entries(record: dict, where: str, bounds: Bounds) -> int:
     if num_tokens > bounds.max_tokens:
         raise TooLarge(f"{where}.completion_token_ids", f"{where}: prompt and completion hold {num_tokens} tokens; "
                                                         f"this model's context holds {bounds.max_tokens}")
-    for name in ("logprobs", "top_logprobs"):
+    for name in ("logprobs", "top_logprobs", "routed_experts"):
         if _len(record.get(name)) > bounds.max_tokens:
             raise TooLarge(f"{where}.{name}", f"{where}: '{name}' holds {_len(record.get(name))} values; a rollout "
                                               f"holds at most {bounds.max_tokens} tokens (this model's context)")

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from batchproof.notary.records import Rollout
+from batchproof.notary.routes import Routes, compare_routes
 from batchproof.notary.settings import Settings
 
 MAX_EXP = 709.0  # exp() of more overflows a float: ratios past e^709 are reported as e^709
@@ -26,6 +27,7 @@ class Scored:
 
     logprobs: list[float]
     top: list[tuple[tuple[int, float], ...]]  # per position, (id, logprob) best first
+    routes: Routes | None = None  # our MoE routing of every fed position, where the rollout claimed one
 
 
 def _exp(x: float) -> float:
@@ -81,11 +83,14 @@ class RolloutGap:
     probs_diffs: list[float]
     near_ties: list[int] = field(default_factory=list)
     disagreements: list[dict] = field(default_factory=list)
+    routing: dict | None = None  # where a claimed MoE routing parts from ours (routes.compare_routes)
 
     def as_json(self) -> dict:
         data = dict(self.__dict__)
         data.pop("log_ratios")  # the overall distribution shows them
         data.pop("probs_diffs")
+        if data["routing"] is None:  # no routing claimed: the report reads as before
+            data.pop("routing")
         return data
 
 
@@ -106,6 +111,8 @@ def rollout_gap(rollout: Rollout, scored: Scored, settings: Settings) -> Rollout
         geo_mean_ratio=_exp(_mean(log_ratios)) if log_ratios else 1.0,
         abs_diffs=abs_diffs, log_ratios=log_ratios, probs_diffs=probs_diffs)
     _ties_and_disagreements(gap, rollout, scored, settings)
+    if rollout.routed_experts is not None and scored.routes is not None:
+        gap.routing = compare_routes(rollout.routed_experts, scored.routes, len(rollout.prompt_token_ids))
     return gap
 
 
@@ -264,6 +271,7 @@ def summary(gaps: list[RolloutGap], settings: Settings) -> dict:
     num_tokens = len(abs_diffs)
     num_exact = sum(g.num_exact for g in gaps)
     disagreements = [d for g in gaps for d in g.disagreements]
+    routed = [g.routing for g in gaps if g.routing is not None]
     return {
         "num_rollouts": len(gaps), "num_tokens": num_tokens, "num_exact_tokens": num_exact,
         "num_exact_rollouts": sum(g.num_exact == g.num_tokens for g in gaps),
@@ -274,6 +282,9 @@ def summary(gaps: list[RolloutGap], settings: Settings) -> dict:
         "num_near_ties": sum(len(g.near_ties) for g in gaps), "near_tie_nats": settings.near_tie,
         "num_top1_disagreements": len(disagreements),
         "num_disagreements_explained_by_near_ties": sum(d["explained_by_near_tie"] for d in disagreements),
+        # only where a rollout claimed its MoE routing (routes.py)
+        **({"num_routed_rollouts": len(routed), "num_routing_mismatches": sum(not r["matches"] for r in routed)}
+           if routed else {}),
     }
 
 
@@ -296,5 +307,5 @@ def report(rollouts: list[Rollout], scores: list[Scored], settings: Settings, ba
         "bad_records": bad_lines,
         "engine": engine_info,
         "settings": {"near_tie": settings.near_tie, "tis_caps": list(settings.tis_caps),
-                     "mask_band": list(settings.mask_band)},
+                     "mask_band": list(settings.mask_band), "replay_routing": settings.replay_routing},
     }

@@ -8,7 +8,9 @@ import math
 import re
 from dataclasses import dataclass
 
-FIELDS = ("prompt_token_ids", "completion_token_ids", "logprobs", "top_logprobs", "id")
+from batchproof.notary.routes import Routes, RoutesError, parse_routes
+
+FIELDS = ("prompt_token_ids", "completion_token_ids", "logprobs", "top_logprobs", "id", "routed_experts")
 TOKEN_KEY = re.compile(r"[0-9]{1,12}")  # a top_logprobs key: a token id in decimal
 
 
@@ -21,6 +23,8 @@ class Rollout:
     # Per completion token, the claimant's alternatives {id: logprob} (None where it gave none).
     top_logprobs: list[dict[int, float] | None] | None = None
     rollout_id: str | None = None
+    # The MoE routing the claimant's engine chose (notary/routes.py), one row per fed position.
+    routed_experts: Routes | None = None
 
 
 class RecordError(ValueError):
@@ -98,8 +102,14 @@ def parse_record(obj: object, where: str, vocab_size: int) -> Rollout:
     rollout_id = obj.get("id")
     if rollout_id is not None and not isinstance(rollout_id, str):
         raise RecordError(where, "id", f"'id' must be a string, got {_shown(rollout_id)}")
+    routes = None
+    if obj.get("routed_experts") is not None:
+        try:
+            routes = parse_routes(obj["routed_experts"], len(prompt) + len(completion) - 1)
+        except RoutesError as e:
+            raise RecordError(where, "routed_experts", f"'routed_experts': {e}") from None
     return Rollout(where, prompt, completion, logprobs, _top(obj.get("top_logprobs"), len(completion), where,
-                                                             vocab_size), rollout_id)
+                                                             vocab_size), rollout_id, routes)
 
 
 def _top(value: object, num_tokens: int, where: str, vocab_size: int) -> list[dict[int, float] | None] | None:

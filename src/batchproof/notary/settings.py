@@ -15,6 +15,10 @@ class Settings:
     tis_caps: tuple[float, ...] = (2.0, 3.0)
     # Masked importance sampling (MIS) / rejection: tokens with a ratio outside [low, high] are dropped.
     mask_band: tuple[float, float] = (0.5, 2.0)
+    # Routing replay (R3, docs/moe.md): a rollout that claims its MoE routing is scored under it
+    # (its logprobs are then those of that routing); without it, scored under ours, and the two
+    # routings compared.
+    replay_routing: bool = False
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.near_tie) and self.near_tie >= 0):

@@ -64,7 +64,8 @@ class CacheManager:
         being prefilled, in the same namespace) will store when its prefill ends: the whole
         blocks their prompts share (0 where either neither reuses nor leaves prefixes)."""
         cache = self._cache_for(seq)
-        if cache is None or feeding.is_refilling or feeding.params.cache_namespace != seq.params.cache_namespace:
+        if (cache is None or seq.params.return_routed_experts or feeding.is_refilling
+                or feeding.params.cache_namespace != seq.params.cache_namespace):
             return 0
         limit = min(len(seq.prompt_ids) - 1, len(feeding.prompt_ids))  # as reuse() and keep_prompt() go
         shared = 0
@@ -97,7 +98,7 @@ class CacheManager:
     def reuse(self, seq: Sequence) -> Reused:
         """Before prefill: copy the cached blocks that open seq's prompt into its slot."""
         cache = self._cache_for(seq)
-        if cache is None:
+        if cache is None or seq.params.return_routed_experts:  # its routes are computed, never cached (docs/moe.md)
             return Reused()
         n, size, top_n = len(seq.prompt_ids), cache.block_size, seq.params.prompt_logprobs
         # The last prompt token is always computed: its logits choose the first reply token.

@@ -94,6 +94,8 @@ class Transformer:
                             else torch.tensor(spec.embed_scale, dtype=final_norm.dtype, device=self.device))
         self._act = ops.gelu_tanh_mul if spec.mlp_act == "gelu_tanh" else ops.silu_mul
         self._moe = MoeMlp(ops, self._act, RoutingRule(spec.num_experts_used, spec.is_topk_normalised))
+        # Each MoE layer's place among them: its axis in a routing receipt or a replayed routing.
+        self.moe_index = {i: j for j, i in enumerate(i for i in range(spec.num_layers) if spec.is_moe_layer(i))}
 
     @classmethod
     def from_model_file(cls, model_file: ModelFile, device: torch.device, dtype: torch.dtype, max_len: int,
@@ -177,10 +179,13 @@ class Transformer:
             return self.ops.linear(h, w, residual=x)
         return x + self._norm(self.ops.linear(h, w), post_norm)
 
-    def _mlp(self, layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:
+    def _mlp(self, layer: LayerWeights, x: torch.Tensor, routes: list[torch.Tensor] | None = None,
+             forced: torch.Tensor | None = None) -> torch.Tensor:
+        """`routes`: each MoE layer's expert ids [n, k] appended, in layer order (moe/receipt.py);
+        `forced`: this layer's replayed experts [n, k] (-1s: free rows)."""
         h = self._norm(x, layer.ffn_norm)
         if layer.moe is not None:  # a routed layer: its experts' weighted sum (moe/layer.py)
-            return x + self._moe(h, layer.moe)
+            return x + self._moe(h, layer.moe, routes, forced)
         gate_up = self.ops.linear(h, layer.w_gate_up)  # [n, 2 * ffn_dim]
         return self._add(x, self._act(gate_up), layer.w_down, layer.post_ffn_norm)
 
@@ -202,8 +207,11 @@ class Transformer:
 
     # --- prefill: prompt chunks of one or more sequences ------------------------------
 
-    def prefill(self, segments: list[Segment], cache: KVCache) -> torch.Tensor:
-        """Prompt chunks -> final hidden states [total tokens, dim], segment after segment.
+    def prefill(self, segments: list[Segment], cache: KVCache, routes: list[torch.Tensor] | None = None,
+                forced: torch.Tensor | None = None) -> torch.Tensor:
+        """Prompt chunks -> final hidden states [total tokens, dim], segment after segment (and,
+        given `routes`, each MoE layer's expert ids [total tokens, k] appended to it; given
+        `forced` [total tokens, MoE layers, k], those experts used where its ids are not -1).
 
         Matmuls run over every segment's rows at once; attention runs per segment, causal,
         over that sequence's own cache region.
@@ -220,7 +228,8 @@ class Transformer:
             attn = torch.cat([self._prefill_attention(i, seg, q[a:b], k[a:b], v[a:b], cache)
                               for seg, a, b in zip(segments, bounds, bounds[1:])])
             x = self._add(x, attn, layer.wo, layer.post_attn_norm)
-            x = self._mlp(layer, x)
+            x = self._mlp(layer, x, routes, None if forced is None or i not in self.moe_index
+                          else forced[:, self.moe_index[i]])
         return self._norm(x, self.final_norm)
 
     def _prefill_attention(self, layer: int, seg: Segment, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -233,7 +242,7 @@ class Transformer:
     # --- decode: one new token for each of several sequences ------------------------
 
     def decode(self, token_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-               num_real: int, cache: KVCache) -> torch.Tensor:
+               num_real: int, cache: KVCache, routes: list[torch.Tensor] | None = None) -> torch.Tensor:
         """token_ids, positions, slots: [rows], of which the first num_real are sequences and
         the rest padding -> final hidden states [rows, dim].
 
@@ -241,11 +250,14 @@ class Transformer:
         keys, so no row's arithmetic depends on how many others share the step.
         """
         x = self._embed(token_ids)  # [rows, dim]
-        x = self.ops.decode_layers(self, x, positions, slots, num_real, cache)
+        if routes is not None:  # op by op, as the ops run every MoE model: the fused call records nothing
+            x = self.decode_layers(x, positions, slots, num_real, cache, routes)
+        else:
+            x = self.ops.decode_layers(self, x, positions, slots, num_real, cache)
         return self._norm(x, self.final_norm)
 
     def decode_layers(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, num_real: int,
-                      cache: KVCache) -> torch.Tensor:
+                      cache: KVCache, routes: list[torch.Tensor] | None = None) -> torch.Tensor:
         """Every layer, one op at a time (the ops may run the same ops in one call instead)."""
         real_slots, real_pos = slots[:num_real], positions[:num_real]
         lengths = real_pos + 1
@@ -258,5 +270,5 @@ class Transformer:
             if num_real < x.shape[0]:  # padding rows attend to nothing
                 attn = torch.cat([attn, attn.new_zeros(x.shape[0] - num_real, self.q_dim)])
             x = self._add(x, attn, layer.wo, layer.post_attn_norm)
-            x = self._mlp(layer, x)
+            x = self._mlp(layer, x, routes)
         return x

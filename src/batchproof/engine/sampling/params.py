@@ -3,6 +3,8 @@
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
+
 from batchproof.engine.sampling.constraint import Constraint
 
 GREEDY_BELOW = 1e-5  # a temperature under this samples greedily
@@ -58,6 +60,15 @@ class SamplingParams:
     cache_namespace: str | None = ""
     # Structured output: each step's choice is made among the tokens this grammar allows.
     constraint: Constraint | None = None
+    # A mixture of experts' routing receipt (docs/moe.md): the experts every fed position was
+    # routed to, in each MoE layer, on the request's last output. Its prompt is then computed
+    # whole, never read from the prefix cache (whose blocks keep keys, not routes).
+    return_routed_experts: bool = False
+    # Routing replay (R3): the experts each prompt position is routed to, [positions, MoE layers,
+    # k] (a rollout's claimed routing, the notary's); positions past it route freely. Scoring only
+    # (max_tokens 0), never through the prefix cache (cache_namespace None): its keys are not the
+    # model's own routing's. Not compared (an array): two requests are alike whatever they force.
+    forced_routes: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         _check(0.0 <= self.temperature <= 2.0, "temperature", f"temperature must be in [0, 2], got {self.temperature}")
@@ -95,6 +106,10 @@ class SamplingParams:
                "prompt_logprob_token_ids", "prompt_logprob_token_ids are token ids, or -1 to pad a row")
         _check(self.logprobs_mode in ("raw", "processed"), "logprobs_mode",
                f"logprobs_mode must be 'raw' or 'processed', got {self.logprobs_mode!r}")
+        _check(self.forced_routes is None or (self.forced_routes.ndim == 3 and self.max_tokens == 0
+                                              and self.cache_namespace is None), "forced_routes",
+               "forced_routes is a [positions, MoE layers, k] array, for scoring alone (max_tokens 0) outside "
+               "the prefix cache (cache_namespace None)")
 
     @property
     def is_greedy(self) -> bool:

@@ -5,7 +5,7 @@ from batchproof.server.chat.messages import chat_prompt_ids, check_messages
 from batchproof.server.chat.protocol import ChatCompletionRequest
 from batchproof.server.chat.token_space import check_continues, token_prompt
 from batchproof.server.errors import APIError
-from batchproof.server.request.plan import Plan, Wanted, check_model, plan_request
+from batchproof.server.request.plan import Plan, Wanted, check_model, check_routed_experts, plan_request
 from batchproof.server.request.protocol import check_metadata
 from batchproof.server.request.structured import request_constraint
 from batchproof.server.state import ServerState
@@ -17,6 +17,7 @@ def plan_chat(req: ChatCompletionRequest, state: ServerState, key_id: str | None
     check_model(req.model, state.model_name)
     client = state.client
     front = client.front
+    check_routed_experts(req.return_routed_experts, client.info)
     prompt_ids = token_prompt(req, front.tokenizer, front.max_model_len)
     if prompt_ids is None and not req.messages:
         raise APIError(400, "'messages' must hold at least one message, got [] (or send 'prompt_token_ids')",

@@ -18,6 +18,7 @@ from batchproof.server.reply.entries import (
 )
 from batchproof.server.reply.formatter import ChunkStream
 from batchproof.server.reply.receipt import ReceiptBook
+from batchproof.server.reply.routed_experts import routed_experts
 from batchproof.server.reply.weight_versions import chunk_versions, reply_versions
 
 
@@ -70,6 +71,7 @@ class CompletionsFormatter(ChunkStream):
             choice["token_ids"] = delta_token_ids(out)  # the ids of the tokens whose text this chunk carries
         self._add_end(choice, out)
         choice |= chunk_versions(out)  # which weights chose this chunk's tokens
+        choice |= routed_experts(out)  # on the last chunk, when asked for
         if self.receipts is not None and out.finish_reason is not None:
             choice["receipt"] = self.receipts.receipt(index)
         return [{**self.base, "choices": [choice]}]
@@ -115,6 +117,7 @@ class CompletionsFormatter(ChunkStream):
             choice["token_ids"] = reply_token_ids(outputs)
         self._add_end(choice, last)
         choice |= reply_versions(outputs)  # which weights chose the reply's tokens
+        choice |= routed_experts(last)
         if self.receipts is not None:
             choice["receipt"] = self.receipts.receipt(index, outputs)
         return choice

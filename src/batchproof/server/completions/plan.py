@@ -9,6 +9,7 @@ from batchproof.server.request.plan import (
     Plan,
     Wanted,
     check_model,
+    check_routed_experts,
     check_sequences,
     check_text_fits,
     plan_request,
@@ -56,6 +57,7 @@ def plan_completions(req: CompletionRequest, state: ServerState, key_id: str | N
     """A parsed completions request -> what the engine runs: P prompts x n choices."""
     check_model(req.model, state.model_name)
     check_metadata(req.metadata)
+    check_routed_experts(req.return_routed_experts, state.client.info)
     prompts = _prompts(req, state)
     if req.max_tokens == 0 and not req.echo:
         raise APIError(400, "'max_tokens' 0 is only allowed with 'echo': true (prompt scoring)", param="max_tokens")

@@ -4,6 +4,7 @@ limits, and one SamplingParams per choice (a request of P prompts and n choices 
 import dataclasses
 import hashlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from batchproof.engine.model.front import ModelFront
@@ -242,6 +243,7 @@ def plan_request(req: CompletionsFields, front: ModelFront, limits: Limits, prom
             logprobs_mode=req.logprobs_mode or limits.logprobs_mode,
             cache_namespace=cache_namespace(limits.prefix_cache_scope, tenant, req.cache_salt),
             constraint=constraint,
+            return_routed_experts=bool(req.return_routed_experts),
         )
     except SamplingParamsError as e:
         raise APIError(400, str(e), param=e.param) from None
@@ -254,6 +256,18 @@ def plan_request(req: CompletionsFields, front: ModelFront, limits: Limits, prom
             choices.append(Choice(index=p * n + j, prompt_index=p, params=params))
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     return Plan(prompts=prompts, choices=choices, include_usage=include_usage)
+
+
+def check_routed_experts(asked: bool | None, engine_info: Callable[[], dict]) -> None:
+    """A routing receipt is an MoE model's: asked of a dense one, a 400 naming the field (the
+    engine's facts read only when asked)."""
+    if not asked:
+        return
+    info = engine_info()
+    if not info.get("num_experts"):
+        raise APIError(400, f"'return_routed_experts' asks which experts each token was routed to, and the model "
+                            f"served ({info.get('architecture')}) has no mixture-of-experts layers",
+                       param="return_routed_experts")
 
 
 def logprobs_label(params: SamplingParams) -> dict[str, str] | None:

@@ -50,3 +50,6 @@ class SamplingFields(Strict):
     min_tokens: Annotated[StrictInt, Field(ge=0)] | None = None
     # ours: a receipt on each choice, to re-execute it anywhere (docs/receipts.md)
     receipt: StrictBool | None = None
+    # SGLang's per-request name for vLLM's server-wide --enable-return-routed-experts: an MoE
+    # model's routing receipt on each choice (docs/moe.md); a 400 on a dense model
+    return_routed_experts: StrictBool | None = None

@@ -23,6 +23,7 @@ from batchproof.engine.text.tokenizer import Tokenizer
 from batchproof.server.errors import APIError, count_mismatch
 from batchproof.server.reply.entries import chat_entry
 from batchproof.server.reply.receipt import ReceiptBook
+from batchproof.server.reply.routed_experts import routed_experts
 from batchproof.server.reply.weight_versions import reply_versions
 from batchproof.server.tools import reply as tool_reply
 from batchproof.server.tools.choice import ToolPlan
@@ -190,6 +191,7 @@ class ResponsesFormatter:
         if self.wants_records and self.num_entries != last.num_kept_tokens:
             raise count_mismatch(self.num_entries, last.num_kept_tokens)
         response = self.response("incomplete" if last.finish_reason in INCOMPLETE_REASONS else "completed", last)
+        response |= routed_experts(last)  # one reply: beside its usage, in the completed event when streamed
         if self.receipts is not None:
             response["receipt"] = self.receipts.receipt(0, self.deltas)
         if self.on_done is not None:

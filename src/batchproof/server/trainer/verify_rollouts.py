@@ -6,14 +6,21 @@ counted before anything is checked (notary/limits.py), so the report's size is b
 
 import dataclasses
 
+import numpy as np
 import pydantic_core
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from pydantic import StrictFloat, StrictInt, ValidationError
+from pydantic import StrictBool, StrictFloat, StrictInt, ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from batchproof.engine.model.moe.receipt import replay_error
 from batchproof.engine.outputs import RequestOutput
-from batchproof.engine.rollout_scoring import SCORING_PARAMS, completion_scores
+from batchproof.engine.rollout_scoring import (
+    ROUTED_SCORING_PARAMS,
+    SCORING_PARAMS,
+    completion_scores,
+    replayed_params,
+)
 from batchproof.notary.limits import Bounds, TooLarge, check_sizes
 from batchproof.notary.metrics import Scored, report
 from batchproof.notary.records import RecordError, Rollout, as_float, parse_record
@@ -43,6 +50,7 @@ class VerifyRolloutsRequest(Strict):
     near_tie: Number | None = None
     tis_caps: list[Number] | None = None
     mask_band: list[Number] | None = None
+    replay_routing: StrictBool | None = None  # score claimed MoE routings under them (docs/moe.md)
 
 
 def _decoded(body: bytes, state: ServerState) -> VerifyRolloutsRequest:
@@ -86,6 +94,8 @@ def _settings(req: VerifyRolloutsRequest) -> Settings:
         values = getattr(req, name)
         if values is not None:
             asked[name] = tuple(_float(v, f"{name}[{i}]", name) for i, v in enumerate(values))
+    if req.replay_routing is not None:
+        asked["replay_routing"] = req.replay_routing
     try:
         return Settings(**asked)
     except SettingError as e:
@@ -103,12 +113,39 @@ def _parse(body: bytes, state: ServerState, key_id: str | None) -> tuple[list[Ro
             rollouts.append(parse_record(obj, f"rollouts[{i}]", state.front.tokenizer.vocab_size))
         except RecordError as e:
             raise APIError(400, str(e), param=f"rollouts[{i}].{e.field}") from None
-    # Scored in this caller's prefix-cache namespace (a group's shared prompt is computed once).
-    params = dataclasses.replace(SCORING_PARAMS, cache_namespace=cache_namespace(state.limits.prefix_cache_scope,
-                                                                                 key_id, None))
+    replayed = _check_routed(rollouts, state, settings.replay_routing)
+    # Scored in this caller's prefix-cache namespace (a group's shared prompt is computed once);
+    # a rollout that claims its MoE routing gets ours to compare (and computes its prompt whole),
+    # or with replay_routing is scored under its own (outside the cache).
+    namespace = cache_namespace(state.limits.prefix_cache_scope, key_id, None)
+    params = [replayed_params(replayed[i]) if i in replayed
+              else dataclasses.replace(ROUTED_SCORING_PARAMS if r.routed_experts is not None else SCORING_PARAMS,
+                                       cache_namespace=namespace) for i, r in enumerate(rollouts)]
     plan = Plan(prompts=[r.prompt_token_ids + r.completion_token_ids for r in rollouts],
-                choices=[Choice(i, i, params) for i in range(len(rollouts))], include_usage=False)
+                choices=[Choice(i, i, params[i]) for i in range(len(rollouts))], include_usage=False)
     return rollouts, settings, plan
+
+
+def _check_routed(rollouts: list[Rollout], state: ServerState, replay: bool) -> dict[int, np.ndarray]:
+    """Claimed routings checked against the model served (a 400 naming the first that cannot be
+    its own: on a dense model, any) -> with `replay`, the routings to score under, by rollout."""
+    claiming = [i for i, r in enumerate(rollouts) if r.routed_experts is not None]
+    if not claiming:
+        return {}
+    info = state.client.info()
+    if not info.get("num_experts"):
+        raise APIError(400, f"rollouts[{claiming[0]}] claims 'routed_experts', and the model served "
+                            f"({info.get('architecture')}) has no mixture-of-experts layers to route",
+                       param=f"rollouts[{claiming[0]}].routed_experts")
+    replayed = {}
+    for i in claiming if replay else ():
+        replayed[i] = np.array(rollouts[i].routed_experts, dtype=np.int64)
+        wrong = replay_error(replayed[i], info["num_experts"], info["num_moe_layers"], info["num_experts_used"],
+                             len(rollouts[i].prompt_token_ids) + len(rollouts[i].completion_token_ids))
+        if wrong:
+            raise APIError(400, f"rollouts[{i}].routed_experts cannot be replayed here: {wrong}",
+                           param=f"rollouts[{i}].routed_experts")
+    return replayed
 
 
 def _weights_now(state: ServerState) -> dict:
@@ -155,9 +192,9 @@ def scored(rollouts: list[Rollout], by_choice: dict[int, list[RequestOutput]]
             aborted.append(rollout)
             continue
         result = completion_scores(len(rollout.prompt_token_ids), len(rollout.completion_token_ids),
-                                   first.prompt_records)
+                                   first.prompt_records, outputs[-1].routed_experts)
         kept.append(rollout)
-        scores.append(Scored(result.logprobs, result.top))
+        scores.append(Scored(result.logprobs, result.top, result.routes))
         versions.add(first.weight_version)
     return kept, scores, aborted, versions - {""}
 

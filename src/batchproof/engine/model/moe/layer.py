@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from batchproof.engine.model.moe.routing import RoutingRule, route
+from batchproof.engine.model.moe.routing import RoutingRule, route, route_replayed
 from batchproof.engine.model.ops import Ops
 from batchproof.engine.model.weights import QuantWeight
 
@@ -39,9 +39,19 @@ class MoeMlp:
     def __init__(self, ops: Ops, act: Callable[[torch.Tensor], torch.Tensor], rule: RoutingRule) -> None:
         self.ops, self.act, self.rule = ops, act, rule
 
-    def __call__(self, h: torch.Tensor, weights: MoeWeights) -> torch.Tensor:
-        """h: [n, dim] (normalised) -> the experts' weighted sum [n, dim] (the residual not added)."""
-        ids, expert_weights = route(self.ops, h, weights.router, self.rule)  # [n, k] each
+    def __call__(self, h: torch.Tensor, weights: MoeWeights, routes: list[torch.Tensor] | None = None,
+                 forced: torch.Tensor | None = None) -> torch.Tensor:
+        """h: [n, dim] (normalised) -> the experts' weighted sum [n, dim] (the residual not added).
+        `routes`, when a request in the step asked for its routing: each row's expert ids [n, k]
+        appended, the router's own (computed anyway: recording them costs a reference).
+        `forced` [n, k]: the experts of the rows being replayed (-1s elsewhere: routing.route_replayed)."""
+        if forced is None:
+            ids, expert_weights = route(self.ops, h, weights.router, self.rule)  # [n, k] each
+            own = ids
+        else:
+            own, ids, expert_weights = route_replayed(self.ops, h, weights.router, self.rule, forced)
+        if routes is not None:
+            routes.append(own)
         n, k = ids.shape
         flat = ids.flatten()  # [n * k]: token t's slot j at t * k + j
         tokens = torch.arange(n, device=h.device).repeat_interleave(k)

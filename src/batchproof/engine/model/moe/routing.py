@@ -51,11 +51,35 @@ def route(ops: Ops, h: torch.Tensor, router: torch.Tensor, rule: RoutingRule) ->
     weights [n, k] float32), each row's from its own arithmetic alone."""
     logits = ops.linear(h, router).float()  # [n, experts]
     _, top = ops.normalizer_and_top_k(logits, rule.num_used)  # best first, ties to the lower id
-    probs = exp_fixed(top.logprobs.double()).float()  # [n, k]: softmax over every expert, kept k
+    return _weighted(top.ids, top.logprobs, rule)
+
+
+def _weighted(best_ids: torch.Tensor, logprobs: torch.Tensor, rule: RoutingRule) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kept experts, best first, and their log-softmax over every expert -> (ids in increasing
+    order, their weights)."""
+    probs = exp_fixed(logprobs.double()).float()  # [n, k]: softmax over every expert, kept k
     if rule.is_topk_normalised:
         total = probs[:, 0]
         for j in range(1, probs.shape[1]):  # summed in the best-first order, as transformers' topk has them
             total = total + probs[:, j]
         probs = probs / total[:, None]
-    ids, order = top.ids.sort(dim=1)  # ids in a row are distinct: the order is unique
+    ids, order = best_ids.sort(dim=1)  # ids in a row are distinct: the order is unique
     return ids, probs.gather(1, order)
+
+
+def route_replayed(ops: Ops, h: torch.Tensor, router: torch.Tensor, rule: RoutingRule, forced: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Routing replay (R3): forced [n, k] names the experts of each row (-1s: a free row) ->
+    (the router's own choice [n, k], the ids used, their weights). A forced row's experts are
+    weighted by the router's probabilities of them, as its own would be (ordered best first,
+    ties to the lower id, as the top k orders them); so forcing the router's own choice, or
+    none, changes no bit of a row."""
+    logits = ops.linear(h, router).float()  # [n, experts]
+    norm, top = ops.normalizer_and_top_k(logits, rule.num_used)
+    claimed = forced.clamp(min=0).sort(dim=1).values  # increasing id: ties below go to the lower one
+    logprobs = norm.logprobs(claimed)  # the same arithmetic as the top k's own logprobs
+    order = torch.sort(-logprobs, dim=1, stable=True).indices  # best first
+    is_forced = (forced[:, :1] >= 0).expand_as(forced)
+    best_ids = torch.where(is_forced, claimed.gather(1, order), top.ids)
+    ids, weights = _weighted(best_ids, torch.where(is_forced, logprobs.gather(1, order), top.logprobs), rule)
+    return top.ids.sort(dim=1).values, ids, weights
