@@ -53,7 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="only write a GGUF of random quantized weights in --shape with the default model's "
                              "tokenizer (speed and memory benches only: its text is noise), then exit")
     parser.add_argument("--shape", default="llama-1b",
-                        help="--write-model's shapes (default: llama-1b, Llama 3.2 1B's)")
+                        help="--write-model's shapes: llama-1b (the default), llama-3b (Llama 3.2 1B's, 3B's) or "
+                             "olmoe-1b-7b (OLMoE-1B-7B's mixture of 64 experts, 8 used)")
     parser.add_argument("--mix", default="q4_k_m",
                         help="--write-model's tensor types, as llama.cpp's quantize picks them: q4_k_m or q4_0")
 
@@ -143,7 +144,7 @@ def _write_model(args: argparse.Namespace) -> int:
     except ValueError as e:  # --model: not a model we know, or not a GGUF we read
         print(f"batchproof bench: {e}", file=sys.stderr)
         return 1
-    params = sum(t.rows * t.k for t in written)
+    params = sum(t.num_params for t in written)
     print(f"wrote {args.write_model}: {args.shape} {args.mix}, {params / 1e9:.2f}B parameters, "
           f"{args.write_model.stat().st_size / 1e6:.0f} MB (random weights: for speed and memory only)")
     return 0

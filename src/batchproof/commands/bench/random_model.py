@@ -13,6 +13,13 @@ with tied embeddings (Llama 3.2 1B has no output.weight) token_embd is quantized
 output would be, Q6_K, under both Q4_0 and Q4_K_M; Q4_K_M gives attn_v and ffn_down Q6_K in
 the layers its `use_more_bits` picks and Q4_K elsewhere. Llama 3's RoPE scaling (rope_freqs)
 is left out: it changes frequencies, not work.
+
+The same writer gives a Llama 3.2 3B shape (issue 62) and an OLMoE-1B-7B-shaped mixture of
+experts (issue 63): the `olmoe` keys and tensors llama.cpp's converter writes (expert_count,
+expert_used_count, a float32 router `ffn_gate_inp`, the experts stacked [experts, rows, K] in
+`ffn_{gate,up,down}_exps`, Q and K norms over the whole projection, an untied `output`), typed as
+its quantize types them: the router is never quantized, `ffn_down_exps` takes ffn_down's rule,
+and with 64 experts (not 8) attn_k and attn_output keep the mix's type.
 """
 
 from collections.abc import Callable
@@ -36,29 +43,55 @@ LOGIT_STD = 3.0
 TOKENIZER_PREFIX = "tokenizer."
 
 
+ARCHS = ("llama", "olmoe")
+
+
 @dataclass(frozen=True)
 class Shape:
     num_layers: int
     dim: int
-    ffn_dim: int
+    ffn_dim: int  # in a mixture of experts, one expert's (llama.cpp's olmoe feed_forward_length)
     num_heads: int
     num_kv_heads: int
     context_len: int = 4096
     rope_base: float = 500000.0
     norm_eps: float = 1e-5
+    arch: str = "llama"
+    num_experts: int = 0  # 0: a dense MLP
+    num_experts_used: int = 0
 
     def __post_init__(self) -> None:
         # every row is whole K-quant blocks (the Q4_0 file too: its embedding is Q6_K)
         if self.dim % 256 or self.ffn_dim % 256 or self.dim % self.num_heads or self.num_heads % self.num_kv_heads:
             raise ValueError(f"{self}: dims must be multiples of 256, the heads divide dim, the KV heads the heads")
+        if self.arch not in ARCHS:
+            raise ValueError(f"{self}: arch is one of {', '.join(ARCHS)}")
+        # llama here is dense (a Mixtral is not written); llama-server refuses an olmoe whose
+        # attn_k_norm is not the hidden size, so its KV heads are its heads
+        if self.arch == "olmoe" and not (0 < self.num_experts_used <= self.num_experts
+                                         and self.num_kv_heads == self.num_heads):
+            raise ValueError(f"{self}: an olmoe has 0 < num_experts_used <= num_experts and no GQA")
+        if self.arch == "llama" and (self.num_experts or self.num_experts_used):
+            raise ValueError(f"{self}: a llama shape here is dense (num_experts 0)")
 
     @property
     def head_dim(self) -> int:
         return self.dim // self.num_heads
 
+    @property
+    def is_tied(self) -> bool:
+        """Llama 3.2's embedding doubles as its output; OLMoE has an output.weight of its own."""
+        return self.arch == "llama"
 
-# Llama 3.2 1B's config.json (its 128,256-token vocabulary aside: the tokenizer is ours).
-SHAPES = {"llama-1b": Shape(num_layers=16, dim=2048, ffn_dim=8192, num_heads=32, num_kv_heads=8)}
+
+# Llama 3.2 1B's and 3B's config.json, OLMoE-1B-7B-0924's (their vocabularies aside: the
+# tokenizer is ours, 49,152 tokens against 128,256 and 50,304).
+SHAPES = {
+    "llama-1b": Shape(num_layers=16, dim=2048, ffn_dim=8192, num_heads=32, num_kv_heads=8),
+    "llama-3b": Shape(num_layers=28, dim=3072, ffn_dim=8192, num_heads=24, num_kv_heads=8),
+    "olmoe-1b-7b": Shape(num_layers=16, dim=2048, ffn_dim=1024, num_heads=16, num_kv_heads=16, rope_base=10000.0,
+                         arch="olmoe", num_experts=64, num_experts_used=8),
+}
 
 
 def use_more_bits(layer: int, num_layers: int) -> bool:
@@ -67,13 +100,14 @@ def use_more_bits(layer: int, num_layers: int) -> bool:
     return layer < num_layers // 8 or layer >= 7 * num_layers // 8 or (layer - num_layers // 8) % 3 == 2
 
 
-def tensor_type(mix: Mix, short: str, layer: int, num_layers: int) -> Q:
-    """The type llama.cpp's quantize gives a tensor ("token_embd", or a layer's "attn_v"...)."""
-    if short == "token_embd":
-        return Q.Q6_K  # tied: quantized as the output would be
+def tensor_type(mix: Mix, short: str, layer: int, num_layers: int, is_tied: bool = True) -> Q:
+    """The type llama.cpp's quantize gives a tensor ("token_embd", "output", or a layer's
+    "attn_v"...). Its rules for 8-expert models (Mixtral) do not apply at 64 experts."""
+    if short == "output" or (short == "token_embd" and is_tied):
+        return Q.Q6_K  # the output, or the embedding quantized as the output it doubles as
     if mix == "q4_0":
         return Q.Q4_0
-    if short in ("attn_v", "ffn_down") and use_more_bits(layer, num_layers):
+    if short in ("attn_v", "ffn_down", "ffn_down_exps") and use_more_bits(layer, num_layers):
         return Q.Q6_K
     return Q.Q4_K
 
@@ -84,32 +118,55 @@ class Tensor:
     rows: int
     k: int  # the row's length (the matmul's input size)
     qtype: Q
+    num_experts: int = 0  # > 0: that many [rows, k] matrices stacked, as llama.cpp stores experts
+
+    @property
+    def num_params(self) -> int:
+        return max(self.num_experts, 1) * self.rows * self.k
 
     @property
     def num_bytes(self) -> int:
         block_elems, block_bytes = gguf.GGML_QUANT_SIZES[self.qtype]
-        return self.rows * self.k // block_elems * block_bytes
+        return self.num_params // block_elems * block_bytes
 
     @property
     def byte_shape(self) -> tuple[int, ...]:
-        """As gguf's writer takes raw bytes: [rows, row bytes], a norm's one row as a vector."""
-        return (self.num_bytes,) if self.rows == 1 else (self.rows, self.num_bytes // self.rows)
+        """As gguf's writer takes raw bytes: [rows, row bytes], a norm's one row as a vector,
+        stacked experts [experts, rows, row bytes]."""
+        row_bytes = self.num_bytes // (max(self.num_experts, 1) * self.rows)
+        if self.num_experts:
+            return (self.num_experts, self.rows, row_bytes)
+        return (self.num_bytes,) if self.rows == 1 else (self.rows, row_bytes)
+
+
+def _layer_shapes(shape: Shape) -> dict[str, tuple[int, int]]:
+    """A layer's tensors: short name -> (rows, row length); a norm is one row."""
+    dim, q_dim, kv_dim = shape.dim, shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+    out = {"attn_norm": (1, dim), "attn_q": (q_dim, dim), "attn_k": (kv_dim, dim), "attn_v": (kv_dim, dim),
+           "attn_output": (dim, q_dim)}
+    if shape.arch == "olmoe":  # its Q and K norms span the whole projection
+        out |= {"attn_q_norm": (1, q_dim), "attn_k_norm": (1, kv_dim)}
+    out["ffn_norm"] = (1, dim)
+    if shape.num_experts:  # the router, then each expert's matrix of the three (stacked)
+        return out | {"ffn_gate_inp": (shape.num_experts, dim), "ffn_gate_exps": (shape.ffn_dim, dim),
+                      "ffn_up_exps": (shape.ffn_dim, dim), "ffn_down_exps": (dim, shape.ffn_dim)}
+    return out | {"ffn_gate": (shape.ffn_dim, dim), "ffn_up": (shape.ffn_dim, dim), "ffn_down": (dim, shape.ffn_dim)}
 
 
 def tensors(shape: Shape, mix: Mix, vocab_size: int) -> list[Tensor]:
-    """Every tensor of a tied-embedding llama, in the order written."""
-    q_dim, kv_dim = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
-    out = [Tensor("token_embd.weight", vocab_size, shape.dim, Q.Q6_K),
+    """Every tensor of the model, in the order written."""
+    out = [Tensor("token_embd.weight", vocab_size, shape.dim,
+                  tensor_type(mix, "token_embd", 0, shape.num_layers, shape.is_tied)),
            Tensor("output_norm.weight", 1, shape.dim, Q.F32)]
-    # short name -> (rows, row length); the norms are one row of float32 ones
-    layer_shapes = {"attn_norm": (1, shape.dim), "attn_q": (q_dim, shape.dim), "attn_k": (kv_dim, shape.dim),
-                    "attn_v": (kv_dim, shape.dim), "attn_output": (shape.dim, q_dim), "ffn_norm": (1, shape.dim),
-                    "ffn_gate": (shape.ffn_dim, shape.dim), "ffn_up": (shape.ffn_dim, shape.dim),
-                    "ffn_down": (shape.dim, shape.ffn_dim)}
+    if not shape.is_tied:
+        out.append(Tensor("output.weight", vocab_size, shape.dim, Q.Q6_K))
     for i in range(shape.num_layers):
-        for short, (rows, k) in layer_shapes.items():
-            qtype = Q.F32 if short.endswith("norm") else tensor_type(mix, short, i, shape.num_layers)
-            out.append(Tensor(f"blk.{i}.{short}.weight", rows, k, qtype))
+        for short, (rows, k) in _layer_shapes(shape).items():
+            # norms and the router stay float32: quantize skips 1-D tensors and ffn_gate_inp
+            is_float = short.endswith("norm") or short == "ffn_gate_inp"
+            qtype = Q.F32 if is_float else tensor_type(mix, short, i, shape.num_layers)
+            num_experts = shape.num_experts if short.endswith("_exps") else 0
+            out.append(Tensor(f"blk.{i}.{short}.weight", rows, k, qtype, num_experts))
     return out
 
 
@@ -167,10 +224,16 @@ BLOCK_WRITERS: dict[Q, Callable[[np.random.Generator, int, int, float], np.ndarr
 
 
 def tensor_data(rng: np.random.Generator, tensor: Tensor, dim: int) -> np.ndarray:
-    if tensor.qtype == Q.F32:
+    """The tensor's bytes: a norm's ones, a router's float32 normals, or blocks of weights with
+    variance 1/K (the embedding and output: logits of spread LOGIT_STD). Stacked experts are
+    drawn as one matrix of all their rows: the same distribution, in the file's order."""
+    if tensor.qtype == Q.F32 and tensor.rows == 1:
         return np.ones(tensor.k, dtype=np.float32).view(np.uint8)
-    std = LOGIT_STD / np.sqrt(dim) if tensor.name == "token_embd.weight" else 1 / np.sqrt(tensor.k)
-    return BLOCK_WRITERS[tensor.qtype](rng, tensor.rows, tensor.k, std)
+    std = LOGIT_STD / np.sqrt(dim) if tensor.name in ("token_embd.weight", "output.weight") else 1 / np.sqrt(tensor.k)
+    rows = max(tensor.num_experts, 1) * tensor.rows
+    if tensor.qtype == Q.F32:  # the router: logits of unit spread, so tokens spread over the experts
+        return (rng.standard_normal((rows, tensor.k)) * std).astype(np.float32).view(np.uint8)
+    return BLOCK_WRITERS[tensor.qtype](rng, rows, tensor.k, std)
 
 
 # --- the file ------------------------------------------------------------------------------
@@ -204,13 +267,18 @@ def _add_hyperparameters(writer: gguf.GGUFWriter, shape: Shape, mix: Mix, name: 
     writer.add_feed_forward_length(shape.ffn_dim)
     writer.add_head_count(shape.num_heads)
     writer.add_head_count_kv(shape.num_kv_heads)
-    writer.add_rope_dimension_count(shape.head_dim)
+    if shape.arch == "llama":  # llama.cpp's converter writes it for llama, not for olmoe
+        writer.add_rope_dimension_count(shape.head_dim)
     writer.add_rope_freq_base(shape.rope_base)
     writer.add_layer_norm_rms_eps(shape.norm_eps)
+    if shape.num_experts:  # as llama.cpp's converter writes them: no expert_feed_forward_length
+        writer.add_expert_count(shape.num_experts)
+        writer.add_expert_used_count(shape.num_experts_used)
 
 
 def write(path: Path, shape: Shape, mix: Mix, tokenizer_from: Path | str | None = None, seed: int = 0) -> list[Tensor]:
-    """Writes the file, one tensor at a time (the largest, the embedding, is 83 MB at 1B):
+    """Writes the file, one tensor at a time (the largest: the embedding, 83 MB at 1B; a stacked
+    expert tensor, 110 MB at OLMoE's shape):
     the directory first, then each tensor's blocks drawn and written. The tokenizer is
     `tokenizer_from`'s (a GGUF or a packaged model's name; None: the default model's).
     Returns the tensors written."""
@@ -218,9 +286,9 @@ def write(path: Path, shape: Shape, mix: Mix, tokenizer_from: Path | str | None 
         raise ValueError(f"mix {mix!r} is not one of {', '.join(MIXES)}")
     path = Path(path)
     partial = path.with_name(path.name + ".partial")  # PATH appears only once whole
-    writer = gguf.GGUFWriter(str(partial), "llama")
+    writer = gguf.GGUFWriter(str(partial), shape.arch)
     vocab_size = _add_tokenizer(writer, resolve_model(tokenizer_from))
-    _add_hyperparameters(writer, shape, mix, f"random {mix} weights in a llama shape (speed benches only)")
+    _add_hyperparameters(writer, shape, mix, f"random {mix} weights in a {shape.arch} shape (speed benches only)")
     listed = tensors(shape, mix, vocab_size)
     for t in listed:
         writer.add_tensor_info(t.name, t.byte_shape, np.dtype(np.uint8), t.num_bytes, raw_dtype=t.qtype)
