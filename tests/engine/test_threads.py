@@ -2,6 +2,10 @@
 no count changes a bit: the same requests decoded with the count moving every step (1, 2, 1,
 ...) give the tokens and logprob bits of a fixed count, alone and in a batch."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -88,7 +92,8 @@ def test_this_machine_reads() -> None:
     assert busy > 0 and own > 0
 
 
-def _decode(engine, prompts: list[list[int]], counts: list[int] | None) -> list[tuple[list[int], list[int]]]:
+def _decode(engine, prompts: list[list[int]], counts: list[int] | None,
+            max_tokens: int = 12) -> list[tuple[list[int], list[int]]]:
     """Greedy replies with top-5 logprobs; with `counts`, the thread count of each step in turn."""
     saved = engine.threads
     step = 0
@@ -102,7 +107,7 @@ def _decode(engine, prompts: list[list[int]], counts: list[int] | None) -> list[
     if counts is not None:
         engine.threads = Scripted()
     try:
-        params = SamplingParams(temperature=0.0, max_tokens=12, top_logprobs=5, cache_namespace=None)
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, top_logprobs=5, cache_namespace=None)
         for i, prompt in enumerate(prompts):
             engine.add_request(f"threads-{counts}-{i}", prompt, params)
         outs: dict[str, list] = {}
@@ -128,3 +133,25 @@ def test_a_thread_count_that_moves_every_step_changes_no_bit(engine, batch: int)
     fixed = _decode(engine, prompts, [engine.num_threads])
     assert _decode(engine, prompts, [1, 2]) == fixed
     assert _decode(engine, prompts, [2, 1, 1]) == fixed
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="pins the neighbour to one core (Linux)")
+def test_a_thread_held_up_by_a_busy_neighbour_changes_no_bit(engine) -> None:
+    """Two decode threads on a machine where a neighbour process wants a core: three runnable
+    threads on two cores, so at joins one of ours waits whole time slices for the other (issue
+    60's stalled thread, for real rather than scripted). Each output's sum belongs to one thread
+    whatever the timing, so the bits are the quiet run's."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs: one decode thread to hold up, one to wait for it")
+    # Few tokens: held up, each join waits a scheduler slice, a second or more per token.
+    prompts = [engine.chat_prompt_ids([{"role": "user", "content": f"Name {n + 2} colours."}]) for n in range(2)]
+    quiet = _decode(engine, prompts, [2], max_tokens=4)
+    neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        os.sched_setaffinity(neighbour.pid, {cpus[-1]})  # one core taken, as a neighbour takes it
+        held_up = _decode(engine, prompts, [2], max_tokens=4)
+    finally:
+        neighbour.kill()
+        neighbour.wait()
+    assert held_up == quiet
