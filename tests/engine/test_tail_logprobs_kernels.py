@@ -26,14 +26,6 @@ TAIL_DIGESTS = {
 }
 
 
-@pytest.fixture(params=LEVELS, ids=lambda level: kernels.ISA_NAMES[level])
-def isa(request):
-    kernels.cap_isa_level(request.param)
-    assert kernels.isa_level() == request.param
-    yield request.param
-    kernels.cap_isa_level(2)
-
-
 def kernel_tails(logits: torch.Tensor, k: int, top_ns: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """(top ids, tails) on KernelOps' route, each row showing min(top_n, its count) as build_records does."""
     ops = KernelOps(num_threads=1)

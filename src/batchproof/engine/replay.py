@@ -22,8 +22,9 @@ from batchproof.engine.grammar.state import GrammarState
 from batchproof.engine.memory import prefill_heap
 from batchproof.engine.model.transformer import Segment
 from batchproof.engine.outputs import RequestOutput
+from batchproof.engine.runner import score_prompt_rows
 from batchproof.engine.sampling.draws import Draws
-from batchproof.engine.sampling.logprobs import TokenRecord, build_records
+from batchproof.engine.sampling.logprobs import TokenRecord
 from batchproof.engine.sampling.params import SamplingParams
 from batchproof.engine.sampling.sampler import apply_penalties, banned_for_step, logit_bias_row, processed_logits
 from batchproof.engine.sequence import Sequence
@@ -154,17 +155,9 @@ def _prefill(engine: Engine, group: list[_Job]) -> None:
 
 
 def _score(engine: Engine, seq: Sequence, start: int, rows: torch.Tensor) -> list[TokenRecord]:
-    """The records of the prompt positions these rows predict (row i: token start + i + 1), as
-    the runner scores a prefill chunk (Runner._score): the same rows, the same function."""
-    targets = seq.prompt_ids[start + 1:start + 1 + len(rows)]
-    if not targets:
-        return []
-    logits = engine.model.logits(rows[:len(targets)]).cpu()
-    params = seq.params
-    steps = list(range(start + 1, start + 1 + len(targets)))
-    return build_records(logits, targets, [params.prompt_logprobs] * len(targets), steps,
-                         engine.model.ops.normalizer_and_top_k, [params.tail_logprobs] * len(targets),
-                         [params.named_ids_at(step) for step in steps])
+    """The prompt positions these rows predict, scored as the runner scores a prefill chunk: the
+    same rows, the same function."""
+    return score_prompt_rows(engine.model, seq, start, rows)
 
 
 def _choose(engine: Engine, group: list[_Job]) -> None:

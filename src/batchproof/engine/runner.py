@@ -110,13 +110,7 @@ class ModelRunner:
         return results
 
     def _score(self, seq: Sequence, start: int, rows: torch.Tensor) -> list[TokenRecord]:
-        targets = seq.prompt_ids[start + 1:start + 1 + len(rows)]  # row i predicts token start + i + 1
-        logits = self.model.logits(rows[:len(targets)]).cpu()
-        params = seq.params
-        steps = list(range(start + 1, start + 1 + len(targets)))
-        return build_records(logits, targets, [params.prompt_logprobs] * len(targets), steps,
-                             self.model.ops.normalizer_and_top_k, [params.tail_logprobs] * len(targets),
-                             [params.named_ids_at(step) for step in steps])
+        return score_prompt_rows(self.model, seq, start, rows)
 
     def decode(self, seqs: list[Sequence], drafts: list[list[int]] | None = None) -> torch.Tensor:
         """The next token of each sequence, all in one forward pass -> logits [rows, V]: one row per
@@ -200,3 +194,17 @@ class ModelRunner:
             self._decode_logits = torch.empty(max(rows, self.max_batch), self.model.lm_head.shape[0],
                                               dtype=torch.float32, device=self.device)
         return self._decode_logits[:rows]
+
+
+def score_prompt_rows(model: Transformer, seq: Sequence, start: int, rows: torch.Tensor) -> list[TokenRecord]:
+    """The records of the prompt positions a prefill chunk's rows predict (row i: token start + i
+    + 1): how a prompt is scored, here and when a receipt's prefill is replayed (replay.py)."""
+    targets = seq.prompt_ids[start + 1:start + 1 + len(rows)]
+    if not targets:
+        return []
+    logits = model.logits(rows[:len(targets)]).cpu()
+    params = seq.params
+    steps = list(range(start + 1, start + 1 + len(targets)))
+    return build_records(logits, targets, [params.prompt_logprobs] * len(targets), steps,
+                         model.ops.normalizer_and_top_k, [params.tail_logprobs] * len(targets),
+                         [params.named_ids_at(step) for step in steps])
