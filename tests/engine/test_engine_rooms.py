@@ -34,7 +34,7 @@ ALLOWED = {
     "engine": {"cache", "config", "draft", "grammar", "memory", "model", "outputs", "runner", "sampling",
                "scheduler", "sequence", "speculative", "text", "weight_versions"},
     "rollout_scoring": {"engine", "sampling"},
-    "replay": {"engine", "grammar", "memory", "model", "outputs", "sampling", "sequence", "text"},
+    "replay": {"engine", "grammar", "memory", "model", "outputs", "runner", "sampling", "sequence", "text"},
     "inbox": {"engine", "sampling"},
     "async_engine": {"engine", "inbox", "outputs", "sampling"},
 }
