@@ -18,7 +18,7 @@ from batchproof.engine.sampling.sampler import (
     SamplingError,
     apply_penalties,
     banned_for_step,
-    choose_token,
+    choose_and_process,
     greedy_tokens,
     processed_logits,
 )
@@ -79,6 +79,7 @@ class _Choice:
     record: TokenRecord | None
     error: str | None = None
     error_code: str | None = None  # RequestOutput.error_code
+    processed: torch.Tensor | None = None  # the processed row the choice was drawn from, where its record wants it
 
 
 def _rows(logits: torch.Tensor, rows: list[torch.Tensor], index: list[int]) -> torch.Tensor:
@@ -131,8 +132,9 @@ class OutputProcessor:
         # Records read the same logits the choice read, after it: asking for them changes nothing.
         wanted = [i for i, (s, c) in enumerate(zip(seqs, choices)) if s.wants_records and c.token_id is not None]
         if wanted:
-            recorded = [processed_logits(masked[i], seqs[i].params, banned[i], self.sample_backend)
-                        if seqs[i].params.logprobs_mode == "processed" else rows[i] for i in wanted]
+            recorded = [rows[i] if seqs[i].params.logprobs_mode != "processed" else
+                        choices[i].processed if choices[i].processed is not None else
+                        processed_logits(masked[i], seqs[i].params, banned[i], self.sample_backend) for i in wanted]
             records = build_records(
                 _rows(logits, recorded, wanted),
                 [choices[i].token_id for i in wanted],
@@ -191,8 +193,11 @@ class OutputProcessor:
                                self._nothing_allowed(seq, banned[i], step))
             else:
                 try:
-                    chosen = choose_token(row, seq.params, banned[i], seq.draws, self.sample_backend)
-                    choices.append(_Choice(chosen, None))
+                    # A processed record reads the distribution this draw was made from: one pass for both.
+                    processed = seq.wants_records and seq.params.logprobs_mode == "processed"
+                    chosen, kept = choose_and_process(row, seq.params, banned[i], seq.draws, self.sample_backend,
+                                                      processed)
+                    choices.append(_Choice(chosen, None, processed=kept))
                 except SamplingError:
                     choices.append(self._nothing_allowed(seq, banned[i], step))
                 except RuntimeError as e:  # this request fails; the batch goes on

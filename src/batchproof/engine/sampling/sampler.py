@@ -79,13 +79,24 @@ SampleRow = Callable[[torch.Tensor, SamplingParams, float, bool], tuple[int, tor
 def choose_token(logits: torch.Tensor, params: SamplingParams, banned_ids: frozenset[int], draws: Draws | None,
                  sample: SampleRow) -> int:
     """logits: [V] after penalties -> the chosen id. Never picks NaN or a banned id."""
+    return choose_and_process(logits, params, banned_ids, draws, sample, False)[0]
+
+
+def choose_and_process(logits: torch.Tensor, params: SamplingParams, banned_ids: frozenset[int],
+                       draws: Draws | None, sample: SampleRow,
+                       want_processed: bool) -> tuple[int, torch.Tensor | None]:
+    """choose_token's id, and (when asked) processed_logits' row from the same pass: one sampler
+    call where a record in processed mode would otherwise run the sampler again over the row (a
+    262k-wide sort for top-p). The same bits as the two calls: the sampler's processed row does
+    not depend on the draw."""
     usable = _usable(logits, banned_ids)
     best = usable.max()
     if best == NEG_INF:
         raise SamplingError("no token can be chosen: every logit is NaN, -inf or banned")
     if params.is_greedy or best == float("inf"):
-        return int(usable.argmax())  # the first maximum: ties (and +inf, which takes all the mass) to the lower id
-    return sample(usable, params, draws.next(), False)[0]
+        # The first maximum: ties (and +inf, which takes all the mass) to the lower id.
+        return int(usable.argmax()), usable if want_processed else None
+    return sample(usable, params, draws.next(), want_processed)
 
 
 def processed_logits(logits: torch.Tensor, params: SamplingParams, banned_ids: frozenset[int],
