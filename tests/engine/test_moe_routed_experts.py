@@ -76,7 +76,7 @@ def test_alone_equals_batched_chunked_speculative_and_beside_a_warm_cache(name, 
     alone = {rid: receipts(cold, {rid: request})[rid] for rid, request in requests.items()}
     assert alone["plain"][1] is None  # not asked for: none recorded
     warm = engine_on(path, prefix_cache=True)
-    receipts(warm, {"warmer": requests["r3"]})  # its blocks cached: the receipts' prompts compute afresh
+    receipts(warm, {"warmer": requests["r3"]})  # its blocks cached with their routes: the receipts reuse them
     for label, engine in [("batched", cold), ("chunked", engine_on(path, max_prefill_tokens=7)), ("warm cache", warm)]:
         check_same(receipts(engine, requests), alone, requests, f"{name} {label}")
     # Alone, where drafts pay for their rows: some accepted, some rejected (their routes cut off).
@@ -84,6 +84,28 @@ def test_alone_equals_batched_chunked_speculative_and_beside_a_warm_cache(name, 
     for rid, request in requests.items():
         check_same(receipts(speculative, {rid: request}, drafts), alone, requests, f"{name} speculative")
     assert sum(a for _, a in drafts) > 0 and sum(d - a for d, a in drafts) > 0, drafts
+
+
+def test_a_routing_receipt_reads_the_prefix_cache_only_where_blocks_kept_their_routes(checkpoints):
+    """Blocks a plain request left hold no routes: a request asking for its routing computes its
+    prompt (none of it cached), and the blocks learn the routes; the next one reuses them. Every
+    receipt equals the request's alone on a cold engine, bit for bit."""
+    path, requests = checkpoints["olmoe"], _requests()
+    prompt = requests["r3"][0]
+    asking = {"a": (prompt + [9, 8, 7], GREEDY), "b": (prompt + [1, 2], SEEDED)}
+    cold = engine_on(path)
+    alone = {rid: receipts(cold, {rid: request})[rid] for rid, request in asking.items()}
+    warm = engine_on(path, prefix_cache=True)
+    warm.generate({"plain": (prompt, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))})
+
+    def run(rid: str) -> int:
+        out = warm.generate({rid: asking[rid]})[rid]
+        check_same({rid: ([t for d in out for t in d.token_ids], out[-1].routed_experts)}, alone, asking,
+                   f"olmoe {rid}")
+        return out[-1].num_cached_tokens
+
+    assert run("a") == 0  # the plain request's blocks have no routes
+    assert run("b") >= 32  # "a" gave them theirs: whole blocks of the shared prompt reused
 
 
 def test_a_dense_model_refuses_it_naming_the_field(checkpoints, tmp_path):

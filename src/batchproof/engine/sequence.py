@@ -40,6 +40,9 @@ class Reused:
     num_tokens: int = 0
     records: list[TokenRecord] = field(default_factory=list)
     unscored: list[tuple[int, torch.Tensor]] = field(default_factory=list)
+    # For a request asking for its routing: the experts the reused positions were routed to
+    # [num_tokens, MoE layers, k], kept with the blocks by whichever request computed them.
+    routes: torch.Tensor | None = None
 
 
 @dataclass

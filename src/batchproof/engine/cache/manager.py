@@ -64,7 +64,7 @@ class CacheManager:
         being prefilled, in the same namespace) will store when its prefill ends: the whole
         blocks their prompts share (0 where either neither reuses nor leaves prefixes)."""
         cache = self._cache_for(seq)
-        if (cache is None or seq.params.return_routed_experts or feeding.is_refilling
+        if (cache is None or (seq.params.return_routed_experts and feeding.routes is None) or feeding.is_refilling
                 or feeding.params.cache_namespace != seq.params.cache_namespace):
             return 0
         limit = min(len(seq.prompt_ids) - 1, len(feeding.prompt_ids))  # as reuse() and keep_prompt() go
@@ -98,26 +98,29 @@ class CacheManager:
     def reuse(self, seq: Sequence) -> Reused:
         """Before prefill: copy the cached blocks that open seq's prompt into its slot."""
         cache = self._cache_for(seq)
-        if cache is None or seq.params.return_routed_experts:  # its routes are computed, never cached (docs/moe.md)
+        if cache is None:
             return Reused()
         n, size, top_n = len(seq.prompt_ids), cache.block_size, seq.params.prompt_logprobs
-        # The last prompt token is always computed: its logits choose the first reply token.
+        # The last prompt token is always computed: its logits choose the first reply token. A
+        # request asking for its routing reuses only blocks that kept theirs (docs/moe.md).
+        routed = seq.params.return_routed_experts
         blocks = cache.match(seq.prompt_ids, n - 1, need_hidden=top_n is not None,
-                             namespace=seq.params.cache_namespace)
+                             namespace=seq.params.cache_namespace, need_routes=routed)
         begin = sum(block.num_tokens for block in blocks)  # whole blocks, then perhaps a tail
         seq.num_cached_tokens = begin
         for i, block in enumerate(blocks):
             self.kv.write_block(seq.slot, i * size, block.k, block.v)
+        routes = torch.cat([block.routes for block in blocks]) if routed and blocks else None
         if top_n is None or not blocks:
-            return Reused(begin)
+            return Reused(begin, routes=routes)
         if seq.params.reuses_prompt_records and all(block.records is not None and block.records_top >= top_n
                                                     for block in blocks):
             # Kept where every block kept them at this top-N or more (the top-n of a row is the
             # first n of its top-N); the last target lies past the prefix: its row is scored.
             kept = [record for block in blocks for record in block.records][1:]  # target 0 has none
             kept = [TokenRecord(r.step, r.token_id, r.logprob, r.top[:top_n]) for r in kept]
-            return Reused(begin, kept, [(begin - 1, blocks[-1].hidden[-1:])])
-        return Reused(begin, [], [(0, torch.cat([block.hidden for block in blocks]))])
+            return Reused(begin, kept, [(begin - 1, blocks[-1].hidden[-1:])], routes)
+        return Reused(begin, [], [(0, torch.cat([block.hidden for block in blocks]))], routes)
 
     def keep_prompt(self, seq: Sequence, begin: int, computed: list[torch.Tensor], scored: list) -> None:
         """After prefill: the prompt's whole blocks from `begin` on (computed: the hidden rows of
@@ -132,11 +135,12 @@ class CacheManager:
         def records(i: int) -> list | None:
             return None if top_n is None else scored[i * size:(i + 1) * size]
 
-        wanted = [i for i in cache.missing(keys, need_hidden=True) if i * size >= begin]
+        routes = _routes(seq)
+        wanted = [i for i in cache.missing(keys, need_hidden=True, need_routes=routes is not None) if i * size >= begin]
         if wanted:
             hidden = torch.cat(computed)
             cache.insert(keys, {i: self._block(seq.slot, i, hidden[i * size - begin:(i + 1) * size - begin],
-                                               records(i), top_n) for i in wanted})
+                                               records(i), top_n, _rows(routes, i * size, size)) for i in wanted})
         if top_n is not None:  # blocks it found without records at this top-N learn them
             cache.add_records(keys, records, top_n)
 
@@ -155,16 +159,29 @@ class CacheManager:
         tokens = (seq.prompt_ids + seq.output_ids)[:seq.num_computed]
         num_whole, tail = divmod(len(tokens), size)
         keys = cache.keys(tokens, num_whole, namespace)
-        blocks = {i: self._block(seq.slot, i, None) for i in cache.missing(keys, need_hidden=False)}
+        routes = _routes(seq)
+        blocks = {i: self._block(seq.slot, i, None, routes=_rows(routes, i * size, size))
+                  for i in cache.missing(keys, need_hidden=False, need_routes=routes is not None)}
         if tail and num_whole:  # stored with the whole blocks, so the prefix's touch orders it deepest
             keys.append(cache.tail_key(tokens, num_whole, tail, namespace, keys))
-            if cache.missing(keys[-1:], need_hidden=False):
+            if cache.missing(keys[-1:], need_hidden=False, need_routes=routes is not None):
                 k, v = self.kv.read_block(seq.slot, num_whole * size, tail)
-                blocks[num_whole] = Block(k, v, None)
+                blocks[num_whole] = Block(k, v, None, routes=_rows(routes, num_whole * size, tail))
         cache.insert(keys, blocks)
 
     def _block(self, slot: int, index: int, hidden: torch.Tensor | None, records: list | None = None,
-               records_top: int = 0) -> Block:
+               records_top: int = 0, routes: torch.Tensor | None = None) -> Block:
         size = self.prefix_cache.block_size
         k, v = self.kv.read_block(slot, index * size, size)
-        return Block(k, v, None if hidden is None else hidden.clone(), records, records_top)
+        return Block(k, v, None if hidden is None else hidden.clone(), records, records_top, routes)
+
+
+def _routes(seq: Sequence) -> torch.Tensor | None:
+    """The routes seq recorded [positions, MoE layers, k], position 0 on, or None (it asked for none)."""
+    return torch.cat(seq.routes) if seq.routes else None
+
+
+def _rows(routes: torch.Tensor | None, start: int, n: int) -> torch.Tensor | None:
+    """Positions start..start+n of `routes`, or None where they do not reach that far (a block
+    kept without routes: a routing request computes it again)."""
+    return None if routes is None or len(routes) < start + n else routes[start:start + n].clone()

@@ -42,6 +42,11 @@ class Block:
     # prefix at that top-N or less reads them instead of running the LM head again.
     records: list | None = None
     records_top: int = 0
+    # The experts each of its positions was routed to [num_tokens, MoE layers, k] (an MoE model's
+    # routing receipt), where a request that computed them asked: a request asking for its
+    # routing reuses only blocks that have it. Routing, like keys and values, is a function of the
+    # tokens up to a position alone, so the kept routes are the ones computing again would give.
+    routes: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -49,7 +54,7 @@ class Block:
 
     @property
     def nbytes(self) -> int:
-        parts = (self.k, self.v) if self.hidden is None else (self.k, self.v, self.hidden)
+        parts = tuple(t for t in (self.k, self.v, self.hidden, self.routes) if t is not None)
         tensors = sum(t.numel() * t.element_size() for t in parts)
         # Records are Python objects: counted at a generous estimate of their size.
         records = sum(RECORD_BYTES + ENTRY_BYTES * len(r.top) for r in self.records or () if r is not None)
@@ -106,16 +111,17 @@ class PrefixCache:
         return hashlib.blake2b(b"tail" + parent + array("q", token_ids[start:start + length]).tobytes(),
                                digest_size=16).digest()
 
-    def match(self, token_ids: list[int], limit: int, need_hidden: bool, namespace: str = "") -> list[Block]:
+    def match(self, token_ids: list[int], limit: int, need_hidden: bool, namespace: str = "",
+              need_routes: bool = False) -> list[Block]:
         """The cached blocks that open token_ids in `namespace`, covering at most `limit` tokens
-        (and, when asked, only blocks that kept their hidden states): whole blocks, then the
-        longest tail that follows them, if one is held (tails have no hidden states). Counted:
-        all of token_ids looked up, the blocks' tokens served."""
+        (and, when asked, only blocks that kept their hidden states, or their routes): whole
+        blocks, then the longest tail that follows them, if one is held (tails have no hidden
+        states). Counted: all of token_ids looked up, the blocks' tokens served."""
         keys = self.keys(token_ids, limit // self.block_size, namespace)
         found: list[Block] = []
         for key in keys:
             block = self._blocks.get(key)
-            if block is None or (need_hidden and block.hidden is None):
+            if block is None or (need_hidden and block.hidden is None) or (need_routes and block.routes is None):
                 break
             found.append(block)
         used = keys[:len(found)]
@@ -125,7 +131,7 @@ class PrefixCache:
             start = len(found) * self.block_size
             for length in range(min(self.block_size - 1, limit - start), 0, -1):
                 key = self.tail_key(token_ids, len(found), length, namespace, keys)
-                if key in self._blocks:
+                if key in self._blocks and not (need_routes and self._blocks[key].routes is None):
                     found.append(self._blocks[key])
                     used.append(key)
                     break
@@ -134,10 +140,11 @@ class PrefixCache:
         self.stats.hit_tokens += sum(block.num_tokens for block in found)
         return found
 
-    def missing(self, keys: list[bytes], need_hidden: bool) -> list[int]:
-        """Indices of keys not held (or held without hidden states when they are wanted)."""
+    def missing(self, keys: list[bytes], need_hidden: bool, need_routes: bool = False) -> list[int]:
+        """Indices of keys not held (or held without hidden states, or routes, when they are wanted)."""
         return [i for i, key in enumerate(keys)
-                if key not in self._blocks or (need_hidden and self._blocks[key].hidden is None)]
+                if key not in self._blocks or (need_hidden and self._blocks[key].hidden is None)
+                or (need_routes and self._blocks[key].routes is None)]
 
     def insert(self, keys: list[bytes], blocks: dict[int, Block]) -> None:
         """Store blocks[i] under keys[i] (a block already held is kept, its hidden states
@@ -146,8 +153,12 @@ class PrefixCache:
             old = self._blocks.get(keys[i])
             if old is not None:
                 if old.hidden is None and block.hidden is not None:
+                    block.routes = block.routes if block.routes is not None else old.routes
                     self.nbytes += block.nbytes - old.nbytes
                     self._blocks[keys[i]] = block
+                elif old.routes is None and block.routes is not None:  # held without them: it learns them
+                    old.routes = block.routes
+                    self.nbytes += block.routes.numel() * block.routes.element_size()
                 continue
             if block.nbytes > self.room:
                 return
