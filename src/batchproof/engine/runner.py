@@ -72,8 +72,8 @@ class ModelRunner:
             for at in range(0, len(rows), size):
                 scored += self._score(seq, start + at, rows[at:at + size])
         seq.num_computed = reused.num_tokens
-        if seq.routes is not None and reused.routes is not None:  # the reused positions' routing, kept with them
-            seq.routes = [reused.routes]
+        if reused.routes is not None:  # the reused positions' routing, kept with them
+            seq.reuse_routes(reused.routes)
         ids = torch.tensor(seq.prefill_ids, dtype=torch.int64, device=self.device)
         seq.prefill = PrefillProgress(reused.num_tokens, ids, [], scored)
 

@@ -86,6 +86,12 @@ class Sequence:
         if self.params.return_routed_experts:
             self.routes = []
 
+    def reuse_routes(self, routes: torch.Tensor) -> None:
+        """The routing of the positions the prefix cache gave it (a request that asked for its
+        routing reuses only blocks that kept theirs), before its prefill adds the rest."""
+        if self.routes is not None:
+            self.routes = [routes]
+
     def keep_routes(self, num_positions: int) -> None:
         """Only the first num_positions rows count: past them, rejected drafts' (speculation), or
         none at all after a keep swap (the refill routes every position again)."""
