@@ -12,6 +12,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from batchproof.common.log_add import log_add
 from batchproof.notary import receipts
 from batchproof.notary.receipts.format import Outcome, logprobs_sha256, params_checksum, prompt_logprobs_sha256, receipt
 from batchproof.notary.receipts.read import items_of, read_items
@@ -234,9 +235,10 @@ def _completion_choice() -> dict:
     """Echo with logprobs 1 (top_logprobs 1): the prompt's entries first, the tail joined with the
     alternative not shown; then the named ids' rows."""
     prompt = [(None, None, None), *((e[1], {f"token_id:{e[2][0][0]}": e[2][0][1]}, e[3]) for e in PROMPT_ENTRIES)]
-    # The tails the reply shows join the second alternative: log(exp(tail) + exp(alternative)).
-    prompt[1] = (prompt[1][0], prompt[1][1], -1.5 + math.log1p(math.exp(-2.5 + 1.5)))
-    prompt[2] = (prompt[2][0], prompt[2][1], -0.25 + math.log1p(math.exp(-3.0 + 0.25)))
+    # The tails the reply shows join the second alternative: log(exp(tail) + exp(alternative)),
+    # by the wire's own log-add.
+    prompt[1] = (prompt[1][0], prompt[1][1], log_add(-1.5, -2.5))
+    prompt[2] = (prompt[2][0], prompt[2][1], log_add(-0.25, -3.0))
     reply = [(e[1], {f"token_id:{e[2][0][0]}": e[2][0][1]}, -3.0) for e in TAILED[:2]]
     rows = prompt + reply
     end = TAILED[2]

@@ -5,10 +5,10 @@ reply's terms and held to its re-executed counterpart, so a prompt logprob edite
 reply is found at its prompt position, by which value, though the receipt beside it is intact."""
 
 import functools
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from batchproof.common.log_add import log_add
 from batchproof.common.wire import wire_logprob
 from batchproof.notary.receipts.format import PromptEntry
 
@@ -57,18 +57,10 @@ def _token_id(key: str) -> int | None:
     return int(key.removeprefix("token_id:")) if key.startswith("token_id:") else None
 
 
-def _log_add(a: float, b: float) -> float:
-    # As the server joins a tail (server/reply/entries.py): alternatives not shown join the tail.
-    if a == -math.inf:
-        return b
-    high, low = max(a, b), min(a, b)
-    return high + math.log1p(math.exp(low - high))
-
-
 def _joined_tail(entry: PromptEntry, top_n: int) -> float | None:
     if entry[3] is None:
         return None
-    return wire_logprob(functools.reduce(_log_add, (lp for _, lp in entry[2][top_n:]), entry[3]))
+    return wire_logprob(functools.reduce(log_add, (lp for _, lp in entry[2][top_n:]), entry[3]))
 
 
 def _alternative(entry: PromptEntry, index: int, by_id: bool) -> object:

@@ -1,8 +1,8 @@
 """Engine records in OpenAI's wire shapes: chat logprob entries, legacy logprobs, token ids, usage."""
 
 import functools
-import math
 
+from batchproof.common.log_add import log_add
 from batchproof.common.wire import wire_logprob
 from batchproof.engine.outputs import RequestOutput
 from batchproof.engine.sampling.logprobs import TokenRecord
@@ -91,14 +91,7 @@ def _tail(record: TokenRecord, top_n: int | None) -> float:
     are shown (kept for prompt_logprobs), and those not shown join the tail, added to it in
     probability (their logprobs are exact; log-add-exp keeps the tail's small values)."""
     hidden = record.top[top_n:] if top_n is not None else ()
-    return functools.reduce(_log_add, (alt.logprob for alt in hidden), record.tail)
-
-
-def _log_add(a: float, b: float) -> float:
-    if a == -math.inf:
-        return b
-    high, low = max(a, b), min(a, b)
-    return high + math.log1p(math.exp(low - high))
+    return functools.reduce(log_add, (alt.logprob for alt in hidden), record.tail)
 
 
 def prompt_token_id_logprobs(records: list[TokenRecord | None] | None, start: int,
