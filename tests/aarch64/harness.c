@@ -19,6 +19,10 @@
 
 #include "kernels.h"
 
+#if defined(__aarch64__)
+int bp_isa_dotprod(void); /* isa.c (hidden from the library's exports, linked here directly) */
+#endif
+
 /* ---------------- SHA-256 (FIPS 180-4), so a digest can be compared with hashlib's ---------------- */
 
 typedef struct {
@@ -634,7 +638,11 @@ int main(int argc, char **argv) {
 #else
     const char *arch = "other";
 #endif
+#if defined(__aarch64__)
+    printf("# arch %s isa_level %d dotprod %d\n", arch, bp_isa_level(), bp_isa_dotprod());
+#else
     printf("# arch %s isa_level %d\n", arch, bp_isa_level());
+#endif
     printf("numerics_version %s\n", bp_numerics_version());
     linear_cases();
     per_row_cases();

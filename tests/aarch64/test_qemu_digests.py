@@ -4,9 +4,11 @@ harness.c calls every kernel family (each quant type's matmul at 1 to 20 rows in
 norms, RoPE and its tables, the gated activations, attention, logprobs, the sampler, the fused
 decode step) on fixed pseudo-random inputs and prints one SHA-256 per case. It is built from the
 kernels' C files with setup.py's flags twice: natively, and with Debian's aarch64 cross compiler,
-whose build is run under qemu-aarch64 (user mode, the cross sysroot's libraries) twice: at its
-NEON level (the register path's quantized tiles, quant_tiles_neon.c; every other kernel is the
-portable C there) and capped to the portable one. Both are held to x86's portable path and to
+whose build is run under qemu-aarch64 (user mode, the cross sysroot's libraries) three times: at its
+NEON level on qemu's default CPU (the register path's quantized tiles, quant_tiles_neon.c, and the
+int8 numerics' dot-product tiles, quant_int8_neon.c; every other kernel is the portable C there),
+on a Cortex-A53 (NEON without the dot product: the int8 tiles portable), and capped to the
+portable level. Both are held to x86's portable path and to
 every vector level this CPU has: every line must be equal. It does not run the engine on ARM
 (bench/arm64_e2e.sh does, docs/arm.md).
 
@@ -33,6 +35,7 @@ QEMU = "qemu-aarch64"
 SYSROOT = Path("/usr/aarch64-linux-gnu")
 PACKAGES = "gcc-aarch64-linux-gnu libgomp1-arm64-cross qemu-user"
 TIMEOUT_S = 300
+ARMV80_CPU = "cortex-a53"  # qemu's model of an ARMv8.0 core: NEON, no dot product
 
 
 def setup_flags() -> list[str]:
@@ -117,15 +120,20 @@ def test_aarch64_under_qemu_gives_x86s_kernel_digests_at_every_level(tmp_path):
     with ThreadPoolExecutor(max_workers=len(os.sched_getaffinity(0))) as pool:
         # aarch64 first (its files build in seconds): qemu runs it while the x86 twins compile.
         arm_binary = build(pool, CROSS_CC, tmp_path / "aarch64")
-        qemu = {level: pool.submit(run, [QEMU, "-L", str(SYSROOT), str(arm_binary), level],
-                                   f"the aarch64 harness under qemu at level {level}") for level in ("1", "0")}
+        # qemu's default CPU has the dot product (the int8 tiles' NEON twin); a Cortex-A53 (ARMv8.0)
+        # has NEON without it, so its int8 matmuls run the portable twin's tiles.
+        qemu = {(cpu, level): pool.submit(run, [QEMU, *(["-cpu", cpu] if cpu else []), "-L", str(SYSROOT),
+                                                str(arm_binary), level],
+                                          f"the aarch64 harness under qemu ({cpu or 'default CPU'}), level {level}")
+                for cpu, level in ((None, "1"), (None, "0"), (ARMV80_CPU, "1"))}
         x86_binary = build(pool, "gcc", tmp_path / "x86_64")
-        arm_out, arm_portable_out = qemu["1"].result(), qemu["0"].result()
+        arm_out, arm_portable_out, armv80_out = (qemu[key].result() for key in qemu)
 
     portable_out = run([str(x86_binary), "0"], "the x86 harness at the portable level")
     best_out = run([str(x86_binary)], "the x86 harness at the CPU's level")
     best = int(header(best_out)["isa_level"])
     runs = {"aarch64 NEON under qemu": arm_out, "aarch64 portable under qemu": arm_portable_out,
+            f"aarch64 NEON without the dot product (qemu -cpu {ARMV80_CPU})": armv80_out,
             f"x86 at this CPU's level ({best})": best_out}
     # every level between; at AVX-512 also the one-row pairs tile forced each way, and VNNI off
     settings = {f"x86 level {level}": [str(level)] for level in range(1, best)}
@@ -136,6 +144,7 @@ def test_aarch64_under_qemu_gives_x86s_kernel_digests_at_every_level(tmp_path):
 
     assert header(arm_out)["arch"] == "aarch64" and header(portable_out)["isa_level"] == "0"
     assert header(arm_out)["isa_level"] == "1" and header(arm_portable_out)["isa_level"] == "0"  # NEON, then capped
+    assert header(arm_out)["dotprod"] == "1" and header(armv80_out)["dotprod"] == "0"  # sdot's twin ran, then not
     reference = digests(portable_out)
     assert len(reference) == int(header(portable_out)["cases"]) + 1  # + the numerics version's line
     families = {name.split("/")[0] for name, _ in reference}

@@ -16,6 +16,12 @@
 #ifdef BP_X86
 #include <cpuid.h>
 #endif
+#ifdef BP_ARM
+#include <sys/auxv.h>
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1 << 20) /* the kernel's bit for the dot product (asm/hwcap.h) */
+#endif
+#endif
 
 /* v2: the sampled choice, the distribution it draws from and the RoPE tables are ours (sample.c). */
 #define NUMERICS_VERSION "fixed-order-w8-v2"
@@ -69,6 +75,17 @@ BP_INTERNAL int bp_isa_vnni(void) {
         detected_vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") ? 1 : 0;
     }
     return detected_vnni && vnni_allowed;
+}
+#endif
+
+#ifdef BP_ARM
+static int detected_dotprod = -1;
+
+/* The Armv8.2 dot product (sdot: the int8 numerics' integer dots, quant_int8_neon.c), which an
+ * ARMv8.0 core (Cortex-A53, A72) lacks: the kernel's HWCAP says. Declared in quant_int8.h. */
+BP_INTERNAL int bp_isa_dotprod(void) {
+    if (detected_dotprod < 0) detected_dotprod = (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) ? 1 : 0;
+    return detected_dotprod;
 }
 #endif
 

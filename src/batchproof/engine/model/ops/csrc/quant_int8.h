@@ -131,7 +131,8 @@ typedef void (*itile2_fn)(const qx_rows *x, int64_t m0, int mt, const uint8_t *w
 
 /* The twins: quant_int8.c (portable), quant_int8_avx2.c (AVX2), quant_int8_avx512.c (AVX-512:
  * its quantize needs F + BW, its tiles VNNI too, two at a time, so an AVX-512 CPU without VNNI
- * runs the AVX2 twin's tiles; bp_isa_vnni, isa.c, says which). */
+ * runs the AVX2 twin's tiles; bp_isa_vnni, isa.c, says which), quant_int8_neon.c (aarch64 with
+ * the dot product: its tiles; x's quantization there is the portable twin's). */
 BP_INTERNAL void bp_quantize_x_portable(const float *x, int64_t M, int64_t K, qx_rows *qx);
 BP_INTERNAL itile_fn bp_itile_portable(int type);
 #ifdef BP_X86
@@ -141,6 +142,12 @@ BP_INTERNAL void bp_quantize_x_avx512(const float *x, int64_t M, int64_t K, qx_r
 BP_INTERNAL itile2_fn bp_itile2_avx512(int type);
 /* Whether this CPU has AVX-512 VNNI (vpdpbusd); asked only at the AVX-512 level (BP_PICK's first choice). */
 BP_INTERNAL int bp_isa_vnni(void);
+#endif
+#ifdef BP_ARM
+/* quant_int8_neon.c: the tiles by the Armv8.2 dot product (sdot), NULL where the CPU lacks it
+ * (bp_isa_dotprod, isa.c), and then the portable twin runs. */
+BP_INTERNAL itile_fn bp_itile_neon(int type);
+BP_INTERNAL int bp_isa_dotprod(void);
 #endif
 
 #ifdef BP_X86

@@ -1,6 +1,6 @@
 /* The int8 numerics' matmul driver (--numerics int8): x quantized by the threads together, then
  * each tile of 8 weight rows against every row of x by the twin of the instruction set in use
- * (quant_int8.c, quant_int8_avx2.c, quant_int8_avx512.c); weights with no quants take the float
+ * (quant_int8.c, quant_int8_avx2.c, quant_int8_avx512.c, quant_int8_neon.c); weights with no quants take the float
  * path. The arithmetic is quant_int8.h's. */
 #include <stdlib.h>
 
@@ -17,8 +17,16 @@ void bp_linear_q_int8(const float *x, const uint8_t *w, int type, int64_t row_by
                       int64_t ldy, int64_t M, int64_t N, int64_t K, int accumulate, int num_threads) {
     /* The AVX-512 level's tiles need VNNI as well, and run two at a time (16-lane registers);
      * without VNNI, the AVX2 twin's tiles one at a time (the same bits). */
+#ifdef BP_ARM
+    /* BP_PICK knows x86's levels only: aarch64's dot-product tiles where the CPU has sdot, unless
+     * capped to the portable level (as quant_tiles_pick.c does for the float tiles). */
+    const itile2_fn wide = NULL;
+    itile_fn tile = bp_isa_level() >= BP_ISA_NEON ? bp_itile_neon(type) : NULL;
+    if (!tile) tile = bp_itile_portable(type);
+#else
     itile2_fn wide = BP_PICK(bp_isa_vnni() ? bp_itile2_avx512(type) : NULL, NULL, NULL);
     itile_fn tile = wide ? NULL : BP_PICK(bp_itile_avx2(type), bp_itile_avx2(type), bp_itile_portable(type));
+#endif
     if ((!wide && !tile) || K % (QB * int8_groups(type))) {
         bp_linear_q(x, w, type, row_bytes, b, y, ldy, M, N, K, accumulate, num_threads);
         return;
