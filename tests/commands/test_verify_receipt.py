@@ -188,7 +188,9 @@ def test_every_receipt_replayed_is_bitwise_the_one_generated_again(engine, mixed
 
 
 def _tampered(mixed) -> list[dict]:
-    """Every receipt of the batch, and each edited: its seed, a token, its digest, a prompt id, its end."""
+    """Every receipt of the batch, and each once more with one edit, the edits taken in turn (so
+    each kind of edit meets several kinds of receipt): its seed, a token, its digest, a prompt
+    id, its end."""
     receipts = _receipts(mixed)
     edits = [lambda r: r["params"].update(seed=(r["params"]["seed"] or 0) + 1),
              lambda r: r["output_token_ids"].__setitem__(-1, r["output_token_ids"][-1] + 1),
@@ -196,11 +198,11 @@ def _tampered(mixed) -> list[dict]:
              lambda r: r["prompt_token_ids"].__setitem__(2, r["prompt_token_ids"][2] + 1),
              lambda r: r.update(finish_reason="abort" if r["finish_reason"] != "abort" else "length")]
     tampered = []
-    for receipt in receipts:
-        for edit in edits if receipt["output_token_ids"] else edits[2:]:
-            tampered.append(copy.deepcopy(receipt))
-            edit(tampered[-1])
-            tampered[-1]["checksums"]["params"] = params_checksum(tampered[-1]["params"])  # a forger's care
+    for i, receipt in enumerate(receipts):
+        usable = edits if receipt["output_token_ids"] else edits[2:]
+        tampered.append(copy.deepcopy(receipt))
+        usable[i % len(usable)](tampered[-1])
+        tampered[-1]["checksums"]["params"] = params_checksum(tampered[-1]["params"])  # a forger's care
     return receipts + tampered
 
 

@@ -27,11 +27,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def host_pairs() -> list[tuple[str, str]]:
-    """(torch's capability, our ISA cap): the corners of what this CPU can run of each (the
-    plainest and the best of both), and on an AVX-512 host AVX2 for both as well."""
+    """(torch's capability, our ISA cap): the plainest host (torch's default, our portable C),
+    then ours raised to this CPU's best, then torch's too: each of the two changed alone (first
+    to second, second to third) and both at once (first to third); on an AVX-512 host AVX2 for
+    both as well. (The fourth corner, torch's best with our portable C, took 46 of the test's
+    103 s on a 2-core Zen 2 and changes nothing those three do not.)"""
     best_ours = ["portable", "avx2", "avx512"][kernels.isa_level()]
     best_torch = torch.backends.cpu.get_cpu_capability().lower()  # what torch picks here
-    pairs = [(t, o) for t in dict.fromkeys(["default", best_torch]) for o in dict.fromkeys(["portable", best_ours])]
+    pairs = list(dict.fromkeys([("default", "portable"), ("default", best_ours), (best_torch, best_ours)]))
     if best_torch == "avx512" and best_ours == "avx512":
         pairs.append(("avx2", "avx2"))
     return pairs
@@ -56,7 +59,7 @@ def test_every_simulated_host_gives_the_same_bits():
     runs = [f"{path}:{numerics}" for path in (default_model_path(), resolve_model("gemma3-270m"))
             for numerics in ("float32", "int8")]
     pairs = host_pairs()
-    assert len(pairs) >= 4  # at least torch default/avx2 x ours portable/avx2
+    assert len(pairs) >= 3  # at least torch default/avx2 and ours portable/avx2, each changed alone
     reference = simulate(*pairs[0], runs)
     seeded = reference[runs[0]]["seeded"]
     assert len(seeded["tokens"]) == 8 and len(seeded["records"]) == 8 and len(reference[runs[0]]["greedy"]["prompt"])

@@ -20,7 +20,7 @@ from batchproof.engine.weight_versions import default_version, spans
 from tests.helpers.second_model import gemma_package  # noqa: F401 (a fixture)
 
 PROMPTS = ["hello the world", "and then 123 more", "the hell and", "in an and"]
-NUM_TOKENS = 24
+NUM_TOKENS = 16
 SWAP_AT = 3  # the swap comes once a sequence has this many tokens (the batch's last may still prefill)
 
 
