@@ -4,6 +4,8 @@ with speculative decoding, and with its prefix from a warm cache; greedy and see
 from a GGUF whose experts are Q8_0, in both numerics. And the GGUF of the same float32 weights
 gives the directory's bits exactly."""
 
+import math
+
 import gguf
 import numpy as np
 import pytest
@@ -11,7 +13,7 @@ import torch
 
 from batchproof.engine.config import EngineConfig
 from batchproof.engine.engine import Engine
-from batchproof.engine.model.moe.routing import exp_fixed
+from batchproof.engine.model.moe.routing import SCALAR_AT_MOST, exp_fixed, exp_fixed_scalar, exp_fixed_tensor
 from batchproof.engine.sampling.params import SamplingParams
 from tests.engine.moe_checkpoints import MOE_CONFIGS, write_moe_checkpoint, write_moe_gguf
 from tests.hf.checkpoints import as_array
@@ -92,3 +94,16 @@ def test_exp_fixed_is_exp_to_float32_and_the_same_bits_in_any_company():
         assert torch.equal(exp_fixed(x[:n]), exp_fixed(x)[:n])
         assert torch.equal(exp_fixed(x[-n:]), exp_fixed(x)[-n:])
     assert exp_fixed(torch.tensor([float("-inf"), 0.0], dtype=torch.float64)).float().tolist() == [0.0, 1.0]
+
+
+def test_exp_fixed_on_python_floats_is_the_tensor_path_bit_for_bit():
+    """A decode step's few routing weights take the scalar route (exp_fixed_scalar), larger
+    batches the tensor one: the same bits for every value, edges included."""
+    values = torch.cat([-torch.rand(5000, dtype=torch.float64) * 60, torch.rand(500, dtype=torch.float64) * 3,
+                        torch.tensor([0.0, -0.0, -700.0, 700.0, -701.0, 1e9, -1e9, float("-inf"), float("inf"),
+                                      0.5 * math.log(2), -0.5 * math.log(2), -1e-300], dtype=torch.float64)])
+    scalar = torch.tensor([exp_fixed_scalar(v) for v in values.tolist()], dtype=torch.float64)
+    assert torch.equal(scalar, exp_fixed_tensor(values))
+    assert math.isnan(exp_fixed_scalar(math.nan)) and exp_fixed_tensor(torch.tensor([math.nan])).isnan().all()
+    small = values[:SCALAR_AT_MOST].view(8, -1)
+    assert torch.equal(exp_fixed(small), exp_fixed_tensor(small))

@@ -53,6 +53,8 @@ class MoeMlp:
         if routes is not None:
             routes.append(own)
         n, k = ids.shape
+        if n == 1:
+            return self._one_row(h, weights, ids, expert_weights)
         flat = ids.flatten()  # [n * k]: token t's slot j at t * k + j
         tokens = torch.arange(n, device=h.device).repeat_interleave(k)
         order = torch.argsort(flat, stable=True)  # the (token, slot) pairs grouped by expert
@@ -68,4 +70,17 @@ class MoeMlp:
         total = outs[:, 0] * expert_weights[:, :1]
         for j in range(1, k):  # slot by slot: increasing expert id in every row
             total = total + outs[:, j] * expert_weights[:, j:j + 1]
+        return total
+
+    def _one_row(self, h: torch.Tensor, weights: MoeWeights, ids: torch.Tensor,
+                 expert_weights: torch.Tensor) -> torch.Tensor:
+        """One token (a decode step of one sequence): each of its experts on its row, in its
+        slots' order, summed as above. No grouping to do, so none of its sorting, gathering and
+        scattering (a third of an OLMoE layer's Python at one stream); each operation is the one
+        the grouped path applies to this row, so the same bits."""
+        total = None
+        for j, e in enumerate(ids[0].tolist()):
+            out = self.ops.linear(self.act(self.ops.linear(h, weights.gate_up[e])), weights.down[e])
+            term = out * expert_weights[:, j:j + 1]
+            total = term if total is None else total + term
         return total

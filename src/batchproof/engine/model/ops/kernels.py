@@ -189,7 +189,7 @@ def _linear_blocks(kernel, x: torch.Tensor, w: QuantWeight, b: torch.Tensor | No
         y = residual
     for part, offset in zip(w.parts, w.offsets):
         bias = None if b is None else b.data_ptr() + 4 * offset
-        kernel(_ptr(x), part.data.ctypes.data, part.qtype, part.data.shape[1], bias,
+        kernel(_ptr(x), part.address, part.qtype, part.data.shape[1], bias,
                y.data_ptr() + 4 * offset, n, m, part.rows, k, int(residual is not None), num_threads)
     return y
 
@@ -200,10 +200,10 @@ def dequant_rows(w: QuantWeight, ids: torch.Tensor) -> torch.Tensor:
     ids = ids.to(torch.int64).contiguous()
     out = torch.empty(ids.shape[0], w.shape[1], dtype=torch.float32)
     if part.layout == "int8x8":  # the same floats, read from the int8 numerics' layout
-        _library().bp_int8_dequant_rows(part.data.ctypes.data, part.qtype, w.shape[1], _ptr(ids), ids.shape[0],
+        _library().bp_int8_dequant_rows(part.address, part.qtype, w.shape[1], _ptr(ids), ids.shape[0],
                                         _ptr(out))
     else:
-        _library().bp_dequant_rows(part.data.ctypes.data, part.qtype, part.data.shape[1], w.shape[1], _ptr(ids),
+        _library().bp_dequant_rows(part.address, part.qtype, part.data.shape[1], w.shape[1], _ptr(ids),
                                    ids.shape[0], _ptr(out))
     return out
 
@@ -369,7 +369,7 @@ def _weight(w: torch.Tensor | QuantWeight) -> Weight:
         assert len(w.parts) <= MAX_PARTS
         out.num_parts = len(w.parts)
         for i, part in enumerate(w.parts):
-            out.types[i], out.data[i], out.rows[i] = part.qtype, part.data.ctypes.data, part.rows
+            out.types[i], out.data[i], out.rows[i] = part.qtype, part.address, part.rows
             out.row_bytes[i] = part.data.shape[1]
     else:
         assert w.dtype == torch.float32 and w.is_contiguous()
