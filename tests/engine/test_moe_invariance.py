@@ -74,6 +74,24 @@ def test_alone_equals_batched_chunked_and_warm_cache(name, source, numerics, sou
         assert np.array_equal(again[rid], alone[rid]), f"{name} {source} {numerics}: {rid} from a warm cache"
 
 
+@pytest.mark.parametrize("source,numerics", [("hf", "float32"), ("q8", "float32"), ("q8", "int8")])
+@pytest.mark.parametrize("name", list(MOE_CONFIGS))
+def test_one_rows_experts_in_one_call_are_the_op_by_op_bits(name, source, numerics, sources):
+    """A decode step of one sequence runs its experts in one C call (bp_moe_row, KernelOps.moe_row)
+    or op by op (MoeMlp.row_by_ops, with the fused calls off): every request alone, the same bits."""
+    fused, by_ops = (engine_on(sources[name][source], numerics=numerics, prefix_cache=False) for _ in range(2))
+    by_ops.model.ops.is_fused = False
+    calls = []
+    fused_rows = fused.model.ops.moe_row
+    fused.model.ops.moe_row = lambda *a: calls.append(1) or fused_rows(*a)
+    for rid, request in _prompts().items():
+        expected = run(by_ops, {rid: request})[rid]
+        assert np.array_equal(run(fused, {rid: request})[rid], expected), f"{name} {source} {numerics}: {rid}"
+    assert calls
+    moe_weights = [w for layer in fused.model.layers if (w := getattr(layer, "moe", None)) is not None]
+    assert moe_weights and all(w.described is not None for w in moe_weights)  # the C call ran, described once
+
+
 @pytest.mark.parametrize("name", list(MOE_CONFIGS))
 def test_the_gguf_of_the_same_float32_weights_gives_the_same_bits(name, sources):
     """Stacked experts split per expert, OLMoE's whole-projection norms, Mixtral read as llama

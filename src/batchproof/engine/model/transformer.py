@@ -93,7 +93,7 @@ class Transformer:
         self.embed_scale = (None if spec.embed_scale is None
                             else torch.tensor(spec.embed_scale, dtype=final_norm.dtype, device=self.device))
         self._act = ops.gelu_tanh_mul if spec.mlp_act == "gelu_tanh" else ops.silu_mul
-        self._moe = MoeMlp(ops, self._act, RoutingRule(spec.num_experts_used, spec.is_topk_normalised))
+        self._moe = MoeMlp(ops, self._act, RoutingRule(spec.num_experts_used, spec.is_topk_normalised), spec.mlp_act)
         # Each MoE layer's place among them: its axis in a routing receipt or a replayed routing.
         self.moe_index = {i: j for j, i in enumerate(i for i in range(spec.num_layers) if spec.is_moe_layer(i))}
 

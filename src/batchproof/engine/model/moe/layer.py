@@ -10,7 +10,7 @@ batch, in any prefill chunk.
 """
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -26,6 +26,9 @@ class MoeWeights:
     router: torch.Tensor  # [experts, dim] float
     gate_up: list[Weight]  # per expert: [2 * expert_ffn, dim] ([gate | up])
     down: list[Weight]  # per expert: [dim, expert_ffn]
+    # The experts as a backend describes them once for its one-row call (KernelOps.moe_row);
+    # a weight swap brings new MoeWeights, so a description never outlives its tensors.
+    described: object = field(default=None, repr=False, compare=False)
 
     def tensors(self) -> Iterator[Weight]:
         yield self.router
@@ -36,8 +39,10 @@ class MoeWeights:
 class MoeMlp:
     """The routed MLP of one architecture (its rule and activation fixed at load)."""
 
-    def __init__(self, ops: Ops, act: Callable[[torch.Tensor], torch.Tensor], rule: RoutingRule) -> None:
+    def __init__(self, ops: Ops, act: Callable[[torch.Tensor], torch.Tensor], rule: RoutingRule,
+                 act_kind: str = "silu") -> None:
         self.ops, self.act, self.rule = ops, act, rule
+        self.act_kind = act_kind  # act's name (spec.mlp_act), for a backend that runs it itself
 
     def __call__(self, h: torch.Tensor, weights: MoeWeights, routes: list[torch.Tensor] | None = None,
                  forced: torch.Tensor | None = None) -> torch.Tensor:
@@ -74,12 +79,17 @@ class MoeMlp:
 
     def _one_row(self, h: torch.Tensor, weights: MoeWeights, ids: torch.Tensor,
                  expert_weights: torch.Tensor) -> torch.Tensor:
-        """One token (a decode step of one sequence): each of its experts on its row, in its
-        slots' order, summed as above. No grouping to do, so none of its sorting, gathering and
-        scattering (a third of an OLMoE layer's Python at one stream); each operation is the one
-        the grouped path applies to this row, so the same bits."""
+        """One token (a decode step of one sequence): no grouping to do, so none of its sorting,
+        gathering and scattering; the backend runs the row through its experts (row_by_ops, or
+        the kernels' one call: KernelOps.moe_row)."""
+        return self.ops.moe_row(self, h, weights, ids[0].tolist(), expert_weights)
+
+    def row_by_ops(self, h: torch.Tensor, weights: MoeWeights, ids: list[int],
+                   expert_weights: torch.Tensor) -> torch.Tensor:
+        """Each of the row's experts on it, in its slots' order, summed as the grouped path sums:
+        each operation the one the grouped path applies to this row, so the same bits."""
         total = None
-        for j, e in enumerate(ids[0].tolist()):
+        for j, e in enumerate(ids):
             out = self.ops.linear(self.act(self.ops.linear(h, weights.gate_up[e])), weights.down[e])
             term = out * expert_weights[:, j:j + 1]
             total = term if total is None else total + term

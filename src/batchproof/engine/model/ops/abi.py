@@ -39,6 +39,7 @@ SIGNATURES = {
     "bp_decode_attention_f32": (None, [c_void_p] * 6 + [c_int64] * 6 + [c_float, c_int]),
     "bp_prompt_attention_f32": (None, [c_void_p] * 4 + [c_int64] * 8 + [c_float, c_int]),
     "bp_decode_layers": (None, [c_void_p] * 2 + [c_int64, c_void_p, c_int64] + [c_void_p] * 2 + [c_int]),
+    "bp_moe_row": (None, [c_void_p] * 4 + [c_int64, c_void_p, c_int64, c_int64, c_int32, c_int32, c_void_p, c_int]),
     "bp_fma_peak": (c_double, [c_double, c_int]),
     "bp_int_dot_peak": (c_double, [c_double, c_int]),
     "bp_read_bandwidth": (c_double, [c_int64, c_int, c_int]),

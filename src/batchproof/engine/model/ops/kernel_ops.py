@@ -117,6 +117,16 @@ class KernelOps:
         self._fused(x, positions, slots, self.num_threads)
         return x
 
+    def moe_row(self, moe, h: torch.Tensor, weights, ids: list[int], expert_weights: torch.Tensor) -> torch.Tensor:
+        """One row through its MoE experts in one C call (layers.c's bp_moe_row): the kernels and
+        float operations of moe.row_by_ops, in its order, so the same bits; the experts are
+        described once per MoeWeights."""
+        if not self.is_fused:  # tests compare with the op-by-op path
+            return moe.row_by_ops(h, weights, ids, expert_weights)
+        if weights.described is None:
+            weights.described = kernels.MoeRows(weights.gate_up, weights.down)
+        return weights.described(h, ids, expert_weights, moe.act_kind, self.is_int8, self.num_threads)
+
     def first_max(self, logits: torch.Tensor) -> torch.Tensor:
         return kernels.first_max(logits.float())
 

@@ -378,6 +378,29 @@ def _weight(w: torch.Tensor | QuantWeight) -> Weight:
     return out
 
 
+class MoeRows:
+    """An MoE layer's experts described once for bp_moe_row (layers.c): each expert's fused gate
+    and up, and its down, as the fused decode describes a dense layer's; `keep` holds them."""
+
+    def __init__(self, gate_up: list, down: list) -> None:
+        self.keep = (gate_up, down)
+        self.gate_up = (Weight * len(gate_up))(*map(_weight, gate_up))
+        self.down = (Weight * len(down))(*map(_weight, down))
+        self.dim, self.ffn = gate_up[0].shape[1], gate_up[0].shape[0] // 2
+
+    def __call__(self, h: torch.Tensor, ids: list[int], expert_weights: torch.Tensor, act: str, is_int8: bool,
+                 num_threads: int) -> torch.Tensor:
+        """h [1, dim], ids the row's experts in slot order, expert_weights [1, k] -> [1, dim]."""
+        assert h.shape == (1, self.dim) and h.dtype == torch.float32 and expert_weights.dtype == torch.float32
+        h, expert_weights = h.contiguous(), expert_weights.contiguous()
+        assert all(0 <= e < len(self.down) for e in ids) and expert_weights.shape == (1, len(ids))
+        out = torch.empty(1, self.dim, dtype=torch.float32)
+        _library().bp_moe_row(self.gate_up, self.down, (ctypes.c_int64 * len(ids))(*ids), _ptr(expert_weights),
+                              len(ids), _ptr(h), self.dim, self.ffn, ACTIVATIONS[act], int(is_int8), _ptr(out),
+                              num_threads)
+        return out
+
+
 class DecodeLayers:
     """A model's layers over one KV cache, described once, so a decode step runs them all in
     one C call; `keep` holds every tensor whose address the description records.

@@ -134,6 +134,9 @@ class TorchOps:
                       cache: KVCache) -> torch.Tensor:
         return model.decode_layers(x, positions, slots, num_real, cache)
 
+    def moe_row(self, moe, h: torch.Tensor, weights, ids: list[int], expert_weights: torch.Tensor) -> torch.Tensor:
+        return moe.row_by_ops(h, weights, ids, expert_weights)
+
     def normalizer_and_top_k(self, logits: torch.Tensor, k: int) -> tuple[Normalizer, TopK]:
         return logprobs.normalizer_and_top_k(logits, k)
 

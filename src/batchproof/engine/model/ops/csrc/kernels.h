@@ -162,6 +162,11 @@ typedef struct {
 
 void bp_decode_layers(const bp_shape *s, const bp_layer *layers, int64_t num_layers, float *x, int64_t M,
                       const int64_t *positions, const int64_t *slots, int num_threads);
+/* One row through an MoE layer's chosen experts: out [dim] = sum over slots j, in order, of
+ * weights[j] * down[ids[j]](act(gate_up[ids[j]] h)); act BP_ACT_*, numerics BP_NUMERICS_*. */
+void bp_moe_row(const bp_weight *gate_up, const bp_weight *down, const int64_t *ids, const float *weights,
+                int64_t k, const float *h, int64_t dim, int64_t ffn, int32_t act, int32_t numerics, float *out,
+                int num_threads);
 
 /* ---------------- the machine's limits, for the bench (peak.c) ---------------- */
 
