@@ -30,7 +30,7 @@ INLINE void unpack_row(const uint8_t *w, const int type, int64_t K, float *dst) 
         group_scales(blk, type, g, kscale, &d, &m);
         group_q(blk, type, g, &lo, &hi);
         _Pragma("GCC unroll 4")
-        for (int c = 0; c < 4; c++) _mm256_storeu_ps(dst + 32 * b + 8 * c, chunk_weights(blk, type, c, d, m, lo, hi));
+        for (int c = 0; c < 4; c++) _mm256_storeu_ps(dst + 32 * b + 8 * c, chunk_weights(blk, type, g, c, d, m, lo, hi, 1));
     }
 }
 
@@ -52,7 +52,7 @@ UNPACK_ROW_FN(unpack_q6_k, T_Q6_K)
  * cliff that kept a batch's drafts from paying. A tile's second weight row reads the same rows of
  * x again, from L1 or L2. Each output's sum is unchanged: its terms 8 at a time in increasing k,
  * then hsum_avx2, as in every tile. */
-QTILE_BODY(qtile_tall1, TALL_ROWS, 1)
+QTILE_BODY(qtile_tall1, TALL_ROWS, 1, 0)
 
 INLINE void qtile_tall_avx2(const float *x, const uint8_t *w, int64_t row_bytes, const int type, float *sums,
                             int64_t K, const int mt, const int nt, const uint8_t *prefetch) {

@@ -132,7 +132,7 @@ ZINLINE void qtile_xpairs(const float *xp, int64_t stride, const uint8_t *w, int
         for (int c = 0; c < 4; c++) {
             __m512 wz[XP_WIDTH];
             for (int j = 0; j < nt; j++) {
-                const __m256 wc = chunk_weights(blocks + j * row_bytes, type, c, d[j], m[j], lo[j], hi[j]);
+                const __m256 wc = chunk_weights(blocks + j * row_bytes, type, g, c, d[j], m[j], lo[j], hi[j], 0);
                 wz[j] = pair_ps(wc, wc);
             }
             const float *xc = xp + 2 * (32 * b + 8 * c);
@@ -164,7 +164,7 @@ ZINLINE void qtile_xpairs(const float *xp, int64_t stride, const uint8_t *w, int
         qtile_xpairs(xp, stride, w, row_bytes, TYPE, sums, K, (mt + 1) / 2, mt, nt, prefetch);                  \
     }
 
-QTILE_BODY(qtile_tall, TALL_ROWS, 2) /* five to eight, in 32 registers (quant.h's TALL_ROWS) */
+QTILE_BODY(qtile_tall, TALL_ROWS, 2, 0) /* five to eight, in 32 registers (quant.h's TALL_ROWS) */
 
 /* AVX-512 hosts: two weight rows a register for one row of x where that pays (bp_pairs_pay: not
  * on Zen 4, which splits 512-bit operations), else the 8-lane code with 32 registers. */

@@ -82,7 +82,11 @@ INLINE __m128i load16(const uint8_t *p) { return _mm_loadu_si128((const __m128i 
  * Q6_K, as quant_dequant.c unpacks them: signed bytes, weights 0..15 in *lo and 16..31 in *hi.
  * Byte-wide work, 16 weights an instruction, leaves 8 weights an instruction only for the
  * widening, the conversion and the scale (Gemma 3's Q5_0, Q4_K and Q6_K matmuls ran 1.1-1.7x
- * faster than unpacking 8 at a time in 32-bit lanes). Q4_0, Q4_1 and Q8_0: chunk_weights. */
+ * faster than unpacking 8 at a time in 32-bit lanes). Q4_0, Q4_1 and Q8_0: chunk_weights; Q4_K too
+ * on the one- and two-row tiles and the buffer's unpacking (chunk_weights' `direct`): there the
+ * 8-at-a-time read of the block, a nibble per 32-bit lane as Q4_1's, ran the Llama 3.2 1B file's
+ * Q4_K matmuls at one row in 0.76x the time (2026-12-07, 2-core Zen 2, AVX2), while at 4 rows it
+ * took 1.19x (so the wide and tall tiles keep this way), and Q6_K read that way took 1.05x. */
 INLINE void group_q(const uint8_t *blk, const int type, const int g, __m128i *lo, __m128i *hi) {
     const __m128i nibble = _mm_set1_epi8(0x0F);
     *lo = *hi = _mm_setzero_si128(); /* unused by Q4_0, Q4_1, Q8_0 */
@@ -126,12 +130,12 @@ INLINE void group_q(const uint8_t *blk, const int type, const int g, __m128i *lo
     }
 }
 
-/* Weights 8c..8c+7 of the group as floats: its quants q (group_q's lo and hi; Q8_0's are
- * read from the block), d and m its scale and added term (Q6_K: m is the scale of weights
- * 16..31), in every lane. The order of the operations and the one rounding of each: see
- * the top of the file. */
-INLINE __m256 chunk_weights(const uint8_t *blk, const int type, const int c, __m256 d, __m256 m, __m128i lo,
-                            __m128i hi) {
+/* Weights 8c..8c+7 of group g as floats: its quants q (group_q's lo and hi; Q8_0's, Q4_0's and
+ * Q4_1's are read from the block, and Q4_K's where direct is 1), d and m its scale and added term
+ * (Q6_K: m is the scale of weights 16..31), in every lane. The order of the operations and the
+ * one rounding of each: see the top of the file. */
+INLINE __m256 chunk_weights(const uint8_t *blk, const int type, const int g, const int c, __m256 d, __m256 m,
+                            __m128i lo, __m128i hi, const int direct) {
     if (type == T_Q8_0)
         return _mm256_mul_ps(
             _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * c)))), d);
@@ -142,6 +146,11 @@ INLINE __m256 chunk_weights(const uint8_t *blk, const int type, const int c, __m
         q = c < 2 ? _mm256_and_si256(q, _mm256_set1_epi32(0x0F)) : _mm256_srli_epi32(q, 4);
         return type == T_Q4_1 ? _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q), m)
                               : _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(q, _mm256_set1_epi32(8))));
+    }
+    if (type == T_Q4_K && direct) { /* as Q4_1: nibble g % 2 of bytes 8c..8c+7 of the group pair's 32 */
+        __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 16 + 32 * (g >> 1) + 8 * c)));
+        q = g & 1 ? _mm256_srli_epi32(q, 4) : _mm256_and_si256(q, _mm256_set1_epi32(0x0F));
+        return _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q), m); /* d1 * q - m1 */
     }
     const __m128i half = c < 2 ? lo : hi;
     const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c & 1 ? _mm_srli_si128(half, 8) : half));
@@ -172,7 +181,7 @@ INLINE void group_scales(const uint8_t *blk, const int type, const int g, const 
  * k % 8]; one row is just the row), so one pointer reaches every row; ACC_ROWS x ACC_COLS
  * bounds the accumulators, sized to each caller (a bigger array kept them in memory). A
  * K-quant super-block's scales are unpacked once per row (into kscale) for its 8 groups. */
-#define QTILE_BODY(NAME, ACC_ROWS, ACC_COLS)                                                                 \
+#define QTILE_BODY(NAME, ACC_ROWS, ACC_COLS, DIRECT)                                                               \
     INLINE void NAME(const float *x, const uint8_t *w, int64_t row_bytes, const int type, float *sums,       \
                      int64_t K, const int mt, const int nt, const uint8_t *prefetch) {                       \
         __m256 acc[ACC_ROWS][ACC_COLS];                                                                      \
@@ -198,7 +207,7 @@ INLINE void group_scales(const uint8_t *blk, const int type, const int g, const 
                 group_q(blk, type, g, &lo, &hi);                                                             \
                 _Pragma("GCC unroll 4")                                                                      \
                 for (int c = 0; c < 4; c++) {                                                                \
-                    const __m256 wc = chunk_weights(blk, type, c, d, m, lo, hi);                              \
+                    const __m256 wc = chunk_weights(blk, type, g, c, d, m, lo, hi, DIRECT);                      \
                     for (int i = 0; i < mt; i++)                                                             \
                         acc[i][j] = _mm256_fmadd_ps(_mm256_loadu_ps(xb + (c * mt + i) * 8), wc, acc[i][j]);  \
                 }                                                                                            \
@@ -208,8 +217,8 @@ INLINE void group_scales(const uint8_t *blk, const int type, const int g, const 
             for (int j = 0; j < nt; j++) sums[i * QW + j] = hsum_avx2(acc[i][j]);                            \
     }
 
-QTILE_BODY(qtile_narrow, 2, QW) /* one or two rows */
-QTILE_BODY(qtile_wide, FUSED_ROWS, 2) /* three or four */
+QTILE_BODY(qtile_narrow, 2, QW, 1) /* one or two rows */
+QTILE_BODY(qtile_wide, FUSED_ROWS, 2, 0) /* three or four */
 
 /* Constant type, row count and (for full tiles) width, so each case keeps its
  * accumulators in registers; a macro, since each ISA's function must inline the body
