@@ -393,7 +393,8 @@ class MoeRows:
         """h [1, dim], ids the row's experts in slot order, expert_weights [1, k] -> [1, dim]."""
         assert h.shape == (1, self.dim) and h.dtype == torch.float32 and expert_weights.dtype == torch.float32
         h, expert_weights = h.contiguous(), expert_weights.contiguous()
-        assert all(0 <= e < len(self.down) for e in ids) and expert_weights.shape == (1, len(ids))
+        # the C call indexes the experts by these ids: one out of range would read past them
+        assert ids and min(ids) >= 0 and max(ids) < len(self.down) and expert_weights.shape == (1, len(ids))
         out = torch.empty(1, self.dim, dtype=torch.float32)
         _library().bp_moe_row(self.gate_up, self.down, (ctypes.c_int64 * len(ids))(*ids), _ptr(expert_weights),
                               len(ids), _ptr(h), self.dim, self.ffn, ACTIVATIONS[act], int(is_int8), _ptr(out),

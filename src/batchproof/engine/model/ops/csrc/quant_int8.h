@@ -103,6 +103,20 @@ typedef void (*itile_fn)(const qx_rows *x, int64_t m0, int mt, const uint8_t *w,
 /* The same for two tiles at once, wa's rows then wb's: sums[i * 2 * IW + j] (wa == wb runs one). */
 typedef void (*itile2_fn)(const qx_rows *x, int64_t m0, int mt, const uint8_t *wa, const uint8_t *wb, float *sums);
 
+/* Block b's records against rows m0..m0 + mt - 1 of x: four rows at a time, then the one to three
+ * left, each count a constant for the twin's record_rows (its accumulators stay in registers).
+ * Both twins' itile run it (quant_int8_avx2.c, quant_int8_neon.c). */
+#define RECORD_ROWS_BY_FOURS(x, m0, mt, w, b, type, acc)                                        \
+    do {                                                                                        \
+        int i0_ = 0;                                                                            \
+        for (; i0_ + 4 <= (mt); i0_ += 4) record_rows(x, m0, i0_, 4, w, b, type, acc);          \
+        switch ((mt) - i0_) {                                                                   \
+        case 1: record_rows(x, m0, i0_, 1, w, b, type, acc); break;                             \
+        case 2: record_rows(x, m0, i0_, 2, w, b, type, acc); break;                             \
+        case 3: record_rows(x, m0, i0_, 3, w, b, type, acc); break;                             \
+        }                                                                                       \
+    } while (0)
+
 /* A twin's tile function body: its own inline `itile` (its weight arguments, one tile's or two's,
  * after TYPE) called with every row count a tile takes (1 to IROWS) as a constant, so the row
  * loops unroll and the accumulators stay in registers (a count left to a generic loop, as 3, 5,

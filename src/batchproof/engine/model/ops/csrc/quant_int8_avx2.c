@@ -182,13 +182,7 @@ I8 void itile(const qx_rows *x, int64_t m0, const int mt, const uint8_t *w, floa
         const uint8_t *rec = w + int8_group_at(type, b);
         for (int64_t line = 0; line < gb; line += 64) /* about two records ahead */
             _mm_prefetch((const char *)(rec + 2 * gb + line), _MM_HINT_T0);
-        int i0 = 0;
-        for (; i0 + 4 <= mt; i0 += 4) record_rows(x, m0, i0, 4, w, b, type, acc);
-        switch (mt - i0) {
-        case 1: record_rows(x, m0, i0, 1, w, b, type, acc); break;
-        case 2: record_rows(x, m0, i0, 2, w, b, type, acc); break;
-        case 3: record_rows(x, m0, i0, 3, w, b, type, acc); break;
-        }
+        RECORD_ROWS_BY_FOURS(x, m0, mt, w, b, type, acc);
     }
     for (int i = 0; i < mt; i++) _mm256_storeu_ps(sums + i * IW, acc[i]);
 }

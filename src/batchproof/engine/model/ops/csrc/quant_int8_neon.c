@@ -135,13 +135,7 @@ DOT void itile(const qx_rows *x, int64_t m0, const int mt, const uint8_t *w, flo
     float32x4_t acc[IROWS][2];
     for (int i = 0; i < mt; i++) acc[i][0] = acc[i][1] = vdupq_n_f32(0.0f);
     for (int64_t b = 0; b < x->nb; b++) {
-        int i0 = 0;
-        for (; i0 + 4 <= mt; i0 += 4) record_rows(x, m0, i0, 4, w, b, type, acc);
-        switch (mt - i0) {
-        case 1: record_rows(x, m0, i0, 1, w, b, type, acc); break;
-        case 2: record_rows(x, m0, i0, 2, w, b, type, acc); break;
-        case 3: record_rows(x, m0, i0, 3, w, b, type, acc); break;
-        }
+        RECORD_ROWS_BY_FOURS(x, m0, mt, w, b, type, acc);
     }
     for (int i = 0; i < mt; i++) {
         vst1q_f32(sums + i * IW, acc[i][0]);
