@@ -26,10 +26,10 @@ setup(
                                                       "quant_dequant_avx2", "quant_tiles_pick", "quant_tiles_avx2",
                                                       "quant_tiles_avx512", "quant_tiles_neon", "quant_linear",
                                                       "quant_int8", "quant_int8_avx2", "quant_int8_avx512",
-                                                      "quant_int8_neon", "quant_int8_linear", "layers", "sample",
+                                                      "quant_int8_neon", "quant_int8_linear", "layers", "moe", "sample",
                                                       "module")],
             depends=[f"{CSRC}/{name}.h" for name in ("kernels", "lanes", "exp_poly", "softmax", "attention_group",
-                                                      "quant", "quant_tiles_body", "quant_int8", "fixed_math")],
+                                                      "quant", "quant_tiles_body", "quant_int8", "fixed_math", "layers")],
             extra_compile_args=compile_args,
             extra_link_args=["-fopenmp"] if "-fopenmp" in compile_args else [],
             optional=True,  # without a compiler the engine falls back to padded torch matmuls

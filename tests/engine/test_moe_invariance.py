@@ -4,6 +4,7 @@ with speculative decoding, and with its prefix from a warm cache; greedy and see
 from a GGUF whose experts are Q8_0, in both numerics. And the GGUF of the same float32 weights
 gives the directory's bits exactly."""
 
+import dataclasses
 import math
 
 import gguf
@@ -76,20 +77,28 @@ def test_alone_equals_batched_chunked_and_warm_cache(name, source, numerics, sou
 
 @pytest.mark.parametrize("source,numerics", [("hf", "float32"), ("q8", "float32"), ("q8", "int8")])
 @pytest.mark.parametrize("name", list(MOE_CONFIGS))
-def test_one_rows_experts_in_one_call_are_the_op_by_op_bits(name, source, numerics, sources):
-    """A decode step of one sequence runs its experts in one C call (bp_moe_row, KernelOps.moe_row)
-    or op by op (MoeMlp.row_by_ops, with the fused calls off): every request alone, the same bits."""
+def test_the_fused_decode_step_is_the_op_by_op_bits(name, source, numerics, sources):
+    """A decode step runs every layer in one C call (layers.c; the routing and the experts by
+    moe.c), or op by op with the fused calls off (the router, top k, exp_fixed and the experts from
+    Python), or op by op with one row's experts in one C call (bp_moe_row: a request asking for its
+    routing): every request alone and all six together, the same bits on each route."""
     fused, by_ops = (engine_on(sources[name][source], numerics=numerics, prefix_cache=False) for _ in range(2))
     by_ops.model.ops.is_fused = False
+    requests = _prompts()
+    expected = run(by_ops, requests)
+    assert all(np.array_equal(got, expected[rid]) for rid, got in run(fused, requests).items()), "batched"
     calls = []
     fused_rows = fused.model.ops.moe_row
     fused.model.ops.moe_row = lambda *a: calls.append(1) or fused_rows(*a)
-    for rid, request in _prompts().items():
-        expected = run(by_ops, {rid: request})[rid]
-        assert np.array_equal(run(fused, {rid: request})[rid], expected), f"{name} {source} {numerics}: {rid}"
-    assert calls
-    moe_weights = [w for layer in fused.model.layers if (w := getattr(layer, "moe", None)) is not None]
-    assert moe_weights and all(w.described is not None for w in moe_weights)  # the C call ran, described once
+    for rid, (prompt, params) in requests.items():
+        assert np.array_equal(run(by_ops, {rid: (prompt, params)})[rid], expected[rid]), f"{rid} alone"
+        assert np.array_equal(run(fused, {rid: (prompt, params)})[rid], expected[rid]), f"{rid} fused"
+        routed = dataclasses.replace(params, return_routed_experts=True)
+        assert np.array_equal(run(fused, {rid: (prompt, routed)})[rid], expected[rid]), f"{rid} bp_moe_row"
+    assert calls  # a routed request's steps ran op by op, each row's experts in one call
+    described = fused.model.ops._fused
+    assert described is not None and len(described.moes) == sum(layer.moe is not None
+                                                                  for layer in fused.model.layers) > 0
 
 
 @pytest.mark.parametrize("name", list(MOE_CONFIGS))

@@ -42,6 +42,9 @@ def test_greedy_tokens_logprobs_and_routes_equal_transformers(name, checkpoints,
     # Neither drafts nor cached prefixes: each forward's rows are then the next positions, in order.
     engine = Engine(EngineConfig(model_path=directory, device="cpu", max_batch=4, num_threads=1,
                                  prefix_cache=False, speculative=False))
+    # Op by op, so every forward's routing passes through moe/layer.py's route, recorded here: the
+    # fused decode step's routing (moe.c) gives its bits (test_moe_invariance).
+    engine.model.ops.is_fused = False
     spec = engine.model.spec
     num_moe = sum(spec.is_moe_layer(i) for i in range(spec.num_layers))
     routes: list[torch.Tensor] = []

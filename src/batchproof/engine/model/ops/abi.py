@@ -60,13 +60,13 @@ class Weight(ctypes.Structure):
 
 class Layer(ctypes.Structure):
     """bp_layer: one layer's weights, norms (None where the model has none), RoPE tables,
-    sliding window and its slice of the KV cache."""
+    sliding window, its slice of the KV cache and, in a routed layer, its experts (a Moe's address)."""
 
     _fields_ = [("attn_norm", c_void_p), ("ffn_norm", c_void_p), ("bqkv", c_void_p), ("q_norm", c_void_p),
                 ("k_norm", c_void_p), ("post_attn_norm", c_void_p), ("post_ffn_norm", c_void_p),
                 ("wqkv", Weight), ("wo", Weight), ("w_gate_up", Weight), ("w_down", Weight),
                 ("cos_table", c_void_p), ("sin_table", c_void_p), ("window", c_int64), ("k_cache", c_void_p),
-                ("v_cache", c_void_p)]
+                ("v_cache", c_void_p), ("q_norm_full", c_void_p), ("k_norm_full", c_void_p), ("moe", c_void_p)]
 
 
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # BP_ACT_*
@@ -80,8 +80,16 @@ class Shape(ctypes.Structure):
                 ("mlp_act", c_int32), ("eps", c_float), ("scale", c_float), ("numerics", c_int32)]
 
 
+class Moe(ctypes.Structure):
+    """bp_moe: an MoE layer's float32 router, its experts' weights (arrays of Weight), the
+    experts used per token, one expert's ffn size and whether the kept weights are rescaled."""
+
+    _fields_ = [("router", Weight), ("gate_up", c_void_p), ("down", c_void_p), ("num_experts", c_int64),
+                ("num_used", c_int64), ("ffn", c_int64), ("topk_normalised", c_int32)]
+
+
 # The C struct each mirrors, in the order of kernels.h's BP_ABI_* ids.
-STRUCTS = {"bp_weight": Weight, "bp_layer": Layer, "bp_shape": Shape}
+STRUCTS = {"bp_weight": Weight, "bp_layer": Layer, "bp_shape": Shape, "bp_moe": Moe}
 
 
 class ABIMismatch(RuntimeError):

@@ -14,8 +14,9 @@ from batchproof.engine.sampling.params import SamplingParams
 
 # The architectures whose decode layer layers.c runs: pre-norm, fused QKV (bias optional),
 # per-head Q/K norms (qwen3, gemma3), post-norms, SiLU or GELU-tanh, per-layer RoPE tables and
-# sliding windows (gemma3). A new one runs op by op until layers.c is shown to match it.
-FUSED_ARCHS = frozenset({"llama", "qwen2", "qwen3", "gemma3"})
+# sliding windows (gemma3); and the mixtures of experts, their routing and experts by moe.c (Q
+# and K normalised whole: olmoe). A new one runs op by op until layers.c is shown to match it.
+FUSED_ARCHS = frozenset({"llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "olmoe", "mixtral"})
 
 
 class KernelOps:
@@ -118,7 +119,7 @@ class KernelOps:
         return x
 
     def moe_row(self, moe, h: torch.Tensor, weights, ids: list[int], expert_weights: torch.Tensor) -> torch.Tensor:
-        """One row through its MoE experts in one C call (layers.c's bp_moe_row): the kernels and
+        """One row through its MoE experts in one C call (moe.c's bp_moe_row): the kernels and
         float operations of moe.row_by_ops, in its order, so the same bits; the experts are
         described once per MoeWeights."""
         if not self.is_fused:  # tests compare with the op-by-op path

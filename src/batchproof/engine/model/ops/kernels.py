@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from batchproof.engine.memory import drop_mapped_range
-from batchproof.engine.model.ops.abi import ACTIVATIONS, MAX_PARTS, Layer, Shape, Weight
+from batchproof.engine.model.ops.abi import ACTIVATIONS, MAX_PARTS, Layer, Moe, Shape, Weight
 from batchproof.engine.model.ops.abi import load_library as _library
 from batchproof.engine.model.weights import (
     COPY_CHUNK_BYTES,
@@ -363,8 +363,10 @@ def prompt_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
 # --- the fused decode step: every layer in one call (layers.c) ----------------------------------
 
-def _weight(w: torch.Tensor | QuantWeight) -> Weight:
+def _weight(w: torch.Tensor | QuantWeight | None) -> Weight:
     out = Weight()
+    if w is None:  # a routed layer's dense MLP: none (its experts are in its Moe)
+        return out
     if isinstance(w, QuantWeight):
         assert len(w.parts) <= MAX_PARTS
         out.num_parts = len(w.parts)
@@ -379,7 +381,7 @@ def _weight(w: torch.Tensor | QuantWeight) -> Weight:
 
 
 class MoeRows:
-    """An MoE layer's experts described once for bp_moe_row (layers.c): each expert's fused gate
+    """An MoE layer's experts described once for bp_moe_row (moe.c): each expert's fused gate
     and up, and its down, as the fused decode describes a dense layer's; `keep` holds them."""
 
     def __init__(self, gate_up: list, down: list) -> None:
@@ -406,7 +408,8 @@ class DecodeLayers:
     """A model's layers over one KV cache, described once, so a decode step runs them all in
     one C call; `keep` holds every tensor whose address the description records.
 
-    ropes[i] and windows[i]: layer i's RoPE tables (cos, sin) and sliding window (0: none)."""
+    ropes[i] and windows[i]: layer i's RoPE tables (cos, sin) and sliding window (0: none); a routed
+    layer's router and experts are described as bp_moe (moe.c), kept in `moes`."""
 
     def __init__(self, spec, layers: list, ropes: list[tuple[torch.Tensor, torch.Tensor]], windows: list[int],
                  k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float, is_int8: bool = False) -> None:
@@ -417,14 +420,26 @@ class DecodeLayers:
                            k_cache.shape[3], 0 if spec.rope_style == "adjacent" else 1, ACTIVATIONS[spec.mlp_act],
                            spec.norm_eps, scale, int(is_int8))
         self.layers = (Layer * len(layers))()
+        self.moes = []  # each routed layer's Moe and its experts' arrays: the layers hold their addresses
         for i, (layer, (cos, sin), window) in enumerate(zip(layers, ropes, windows, strict=True)):
             assert (layer.q_norm is None) == (layer.k_norm is None)
+            assert (layer.q_norm_full is None) == (layer.k_norm_full is None)
+            moe = None if layer.moe is None else self._moe(layer.moe, spec)
             self.layers[i] = Layer(
                 _ptr(layer.attn_norm), _ptr(layer.ffn_norm), _ptr(layer.bqkv), _ptr(layer.q_norm),
                 _ptr(layer.k_norm), _ptr(layer.post_attn_norm), _ptr(layer.post_ffn_norm), _weight(layer.wqkv),
                 _weight(layer.wo), _weight(layer.w_gate_up), _weight(layer.w_down), _ptr(cos), _ptr(sin), window,
-                _ptr(k_cache[i]), _ptr(v_cache[i]),
+                _ptr(k_cache[i]), _ptr(v_cache[i]), _ptr(layer.q_norm_full), _ptr(layer.k_norm_full),
+                None if moe is None else ctypes.addressof(moe),
             )
+
+    def _moe(self, moe, spec) -> Moe:
+        gate_up = (Weight * len(moe.gate_up))(*map(_weight, moe.gate_up))
+        down = (Weight * len(moe.down))(*map(_weight, moe.down))
+        out = Moe(_weight(moe.router), ctypes.addressof(gate_up), ctypes.addressof(down), len(moe.down),
+                  spec.num_experts_used, moe.gate_up[0].shape[0] // 2, int(spec.is_topk_normalised))
+        self.moes.append((out, gate_up, down))
+        return out
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, num_threads: int) -> None:
         """x: [rows, dim] residual stream, updated in place through every layer."""

@@ -121,7 +121,7 @@ void bp_prompt_attention_f32(const float *q, const float *k_cache, const float *
                              int64_t start, int64_t n, int64_t H, int64_t KVH, int64_t D, int64_t max_len,
                              int64_t window, float scale, int num_threads);
 
-/* ---------------- one decode step's layers in one call (layers.c) ---------------- */
+/* ---------------- one decode step's layers in one call (layers.c, moe.c) ---------------- */
 
 #define BP_MAX_PARTS 4
 
@@ -134,6 +134,16 @@ typedef struct {
     int64_t row_bytes[BP_MAX_PARTS];
 } bp_weight;
 
+/* An MoE layer's router and experts (moe.c): the router a float32 [experts, dim] weight, each
+ * expert's fused [gate | up] and its down; each token takes the softmax over every expert,
+ * keeps the best num_used (ties to the lower id), rescaled to sum to 1 where topk_normalised. */
+typedef struct {
+    bp_weight router;
+    const bp_weight *gate_up, *down; /* [num_experts] each */
+    int64_t num_experts, num_used, ffn; /* ffn: one expert's */
+    int32_t topk_normalised;
+} bp_moe;
+
 typedef struct {
     const float *attn_norm, *ffn_norm, *bqkv; /* bqkv may be NULL */
     const float *q_norm, *k_norm;             /* [head_dim], both or neither (qwen3, gemma3) */
@@ -142,6 +152,8 @@ typedef struct {
     const float *cos_table, *sin_table; /* this layer's RoPE, [max_len, rope_dim / 2] */
     int64_t window;                     /* sliding window, 0: none */
     float *k_cache, *v_cache;           /* this layer's [slots, kv_heads, max_len, head_dim] */
+    const float *q_norm_full, *k_norm_full; /* [q_dim], [kv_dim]: Q and K normalised whole (olmoe), or NULL */
+    const bp_moe *moe; /* a routed layer's experts (w_gate_up and w_down unused), or NULL */
 } bp_layer;
 
 #define BP_ACT_SILU 0
@@ -162,8 +174,8 @@ typedef struct {
 
 void bp_decode_layers(const bp_shape *s, const bp_layer *layers, int64_t num_layers, float *x, int64_t M,
                       const int64_t *positions, const int64_t *slots, int num_threads);
-/* One row through an MoE layer's chosen experts: out [dim] = sum over slots j, in order, of
- * weights[j] * down[ids[j]](act(gate_up[ids[j]] h)); act BP_ACT_*, numerics BP_NUMERICS_*. */
+/* One row through an MoE layer's chosen experts (moe.c): out [dim] = sum over slots j, in order,
+ * of weights[j] * down[ids[j]](act(gate_up[ids[j]] h)); act BP_ACT_*, numerics BP_NUMERICS_*. */
 void bp_moe_row(const bp_weight *gate_up, const bp_weight *down, const int64_t *ids, const float *weights,
                 int64_t k, const float *h, int64_t dim, int64_t ffn, int32_t act, int32_t numerics, float *out,
                 int num_threads);
@@ -187,6 +199,7 @@ double bp_read_bandwidth(int64_t num_bytes, int num_threads, int num_runs);
 #define BP_ABI_WEIGHT 0
 #define BP_ABI_LAYER 1
 #define BP_ABI_SHAPE 2
+#define BP_ABI_MOE 3
 int64_t bp_abi_sizeof(int which);
 const char *bp_abi_field(int which, int field);
 int64_t bp_abi_offset(int which, int field);

@@ -10,13 +10,14 @@
  * weight pointers and types, optional norms, RoPE tables, window, this layer's slice of the
  * KV cache) and passes the residual stream x, which is updated in place.
  *
- * Also here, for MoE models (which decode op by op): one row through an MoE layer's chosen
- * experts in one call (bp_moe_row, below).
+ * And the mixtures of experts (qwen3moe, olmoe, mixtral): Q and K normalised whole (olmoe), and a
+ * routed layer's MLP by moe.c.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "kernels.h"
+#include "layers.h"
 
 /* Scratch for one step: M rows of each intermediate the per-op path allocates as a tensor. */
 typedef struct {
@@ -24,8 +25,8 @@ typedef struct {
     int64_t *lengths;
 } scratch;
 
-static void linear(const bp_shape *s, const bp_weight *w, const float *x, const float *b, float *y, int64_t M,
-                   int64_t K, int accumulate, int num_threads) {
+void bp_weight_linear(const bp_shape *s, const bp_weight *w, const float *x, const float *b, float *y, int64_t M,
+                      int64_t K, int accumulate, int num_threads) {
     int64_t N = 0;
     for (int p = 0; p < w->num_parts; p++) N += w->rows[p];
     if (w->num_parts == 1 && w->types[0] == 0) {
@@ -45,10 +46,10 @@ static void linear(const bp_shape *s, const bp_weight *w, const float *x, const 
 static void add_output(const bp_shape *s, const bp_weight *w, const float *post_norm, const float *in, int64_t K,
                        float *x, float *out, int64_t M, int num_threads) {
     if (!post_norm) {
-        linear(s, w, in, NULL, x, M, K, 1, num_threads);
+        bp_weight_linear(s, w, in, NULL, x, M, K, 1, num_threads);
         return;
     }
-    linear(s, w, in, NULL, out, M, K, 0, num_threads);
+    bp_weight_linear(s, w, in, NULL, out, M, K, 0, num_threads);
     bp_rms_norm_f32(out, post_norm, out, M, s->dim, s->eps); /* in place: each row's scale comes first */
     for (int64_t i = 0; i < M * s->dim; i++) x[i] = x[i] + out[i];
 }
@@ -59,7 +60,12 @@ static void qkv(const bp_shape *s, const bp_layer *L, scratch *t, int64_t M, con
                 const int64_t *slots, int num_threads) {
     int64_t D = s->head_dim, q_dim = s->num_heads * D, kv_dim = s->num_kv_heads * D;
     int64_t width = q_dim + 2 * kv_dim;
-    linear(s, &L->wqkv, t->h, L->bqkv, t->qkv, M, s->dim, 0, num_threads);
+    bp_weight_linear(s, &L->wqkv, t->h, L->bqkv, t->qkv, M, s->dim, 0, num_threads);
+    for (int64_t r = 0; L->q_norm_full && r < M; r++) { /* olmoe: Q and K each one row of the norm */
+        float *row = t->qkv + r * width;
+        bp_rms_norm_f32(row, L->q_norm_full, row, 1, q_dim, s->eps);
+        bp_rms_norm_f32(row + q_dim, L->k_norm_full, row + q_dim, 1, kv_dim, s->eps);
+    }
     for (int64_t r = 0; L->q_norm && r < M; r++) { /* each head a row of the norm kernel */
         float *row = t->qkv + r * width;
         bp_rms_norm_f32(row, L->q_norm, row, s->num_heads, D, s->eps);
@@ -86,7 +92,12 @@ static void layer(const bp_shape *s, const bp_layer *L, scratch *t, float *x, in
                             s->num_kv_heads, s->head_dim, s->max_len, L->window, s->scale, num_threads);
     add_output(s, &L->wo, L->post_attn_norm, t->attn, q_dim, x, t->out, M, num_threads);
     bp_rms_norm_f32(x, L->ffn_norm, t->h, M, s->dim, s->eps);
-    linear(s, &L->w_gate_up, t->h, NULL, t->gate_up, M, s->dim, 0, num_threads);
+    if (L->moe) { /* as transformer.py's _mlp: x + the experts' weighted sum, no post-norm */
+        bp_moe_mlp(s, L->moe, t->h, t->out, M, num_threads);
+        for (int64_t i = 0; i < M * s->dim; i++) x[i] = x[i] + t->out[i];
+        return;
+    }
+    bp_weight_linear(s, &L->w_gate_up, t->h, NULL, t->gate_up, M, s->dim, 0, num_threads);
     if (s->mlp_act == BP_ACT_GELU_TANH)
         bp_gelu_tanh_mul_f32(t->gate_up, t->act, M, s->ffn_dim, num_threads);
     else
@@ -106,30 +117,4 @@ void bp_decode_layers(const bp_shape *s, const bp_layer *layers, int64_t num_lay
     for (int64_t r = 0; r < M; r++) t.lengths[r] = positions[r] + 1;
     for (int64_t i = 0; i < num_layers; i++) layer(s, layers + i, &t, x, M, positions, slots, num_threads);
     free(t.h); free(t.qkv); free(t.q); free(t.attn); free(t.out); free(t.gate_up); free(t.act); free(t.lengths);
-}
-
-/* An MoE layer's chosen experts on one row (moe/layer.py's one-row path, a decode step of one
- * sequence): for each slot j in order, expert ids[j]'s fused gate and up, the gated activation
- * and its down, then out = term_0, out = out + term_j with term_j = down_j * weights[j]: the
- * kernels and float operations the op-by-op path runs, in its order, so the same bits. What
- * goes is the Python around them (each expert's two matmul calls, the activation, the product
- * and the add: ~50 us an expert, 128 experts a token for OLMoE's 16 layers). */
-void bp_moe_row(const bp_weight *gate_up, const bp_weight *down, const int64_t *ids, const float *weights,
-                int64_t k, const float *h, int64_t dim, int64_t ffn, int32_t act, int32_t numerics, float *out,
-                int num_threads) {
-    const bp_shape s = {.dim = dim, .ffn_dim = ffn, .numerics = numerics};
-    float *gu = malloc((size_t)ffn * 8), *a = malloc((size_t)ffn * 4), *o = malloc((size_t)dim * 4);
-    for (int64_t j = 0; j < k; j++) {
-        linear(&s, gate_up + ids[j], h, NULL, gu, 1, dim, 0, num_threads);
-        if (act == BP_ACT_GELU_TANH)
-            bp_gelu_tanh_mul_f32(gu, a, 1, ffn, num_threads);
-        else
-            bp_silu_mul_f32(gu, a, 1, ffn, num_threads);
-        linear(&s, down + ids[j], a, NULL, o, 1, ffn, 0, num_threads);
-        for (int64_t i = 0; i < dim; i++) {
-            const float term = o[i] * weights[j];
-            out[i] = j ? out[i] + term : term;
-        }
-    }
-    free(gu); free(a); free(o);
 }

@@ -7,7 +7,7 @@
  * module below exists only so the library is a valid extension; a missing compiler leaves
  * the module out (optional=True) and the engine falls back to padded torch.
  *
- * Why the layout is exported: abi.py mirrors bp_weight, bp_layer and bp_shape as
+ * Why the layout is exported: abi.py mirrors bp_weight, bp_layer, bp_shape and bp_moe as
  * ctypes Structures, and a field changed on one side only would have the fused decode step
  * read weights from the wrong place. So every load compares the mirrors' field names and
  * offsets, and each struct's size, with these, which the compiler computed. A field added
@@ -36,13 +36,19 @@ static const abi_field LAYER_FIELDS[] = {
     FIELD(bp_layer, k_norm), FIELD(bp_layer, post_attn_norm), FIELD(bp_layer, post_ffn_norm),
     FIELD(bp_layer, wqkv), FIELD(bp_layer, wo), FIELD(bp_layer, w_gate_up), FIELD(bp_layer, w_down),
     FIELD(bp_layer, cos_table), FIELD(bp_layer, sin_table), FIELD(bp_layer, window), FIELD(bp_layer, k_cache),
-    FIELD(bp_layer, v_cache), {NULL, 0},
+    FIELD(bp_layer, v_cache), FIELD(bp_layer, q_norm_full), FIELD(bp_layer, k_norm_full), FIELD(bp_layer, moe),
+    {NULL, 0},
 };
 
 static const abi_field SHAPE_FIELDS[] = {
     FIELD(bp_shape, dim), FIELD(bp_shape, ffn_dim), FIELD(bp_shape, num_heads), FIELD(bp_shape, num_kv_heads),
     FIELD(bp_shape, head_dim), FIELD(bp_shape, rope_dim), FIELD(bp_shape, max_len), FIELD(bp_shape, rope_style),
     FIELD(bp_shape, mlp_act), FIELD(bp_shape, eps), FIELD(bp_shape, scale), FIELD(bp_shape, numerics), {NULL, 0},
+};
+
+static const abi_field MOE_FIELDS[] = {
+    FIELD(bp_moe, router), FIELD(bp_moe, gate_up), FIELD(bp_moe, down), FIELD(bp_moe, num_experts),
+    FIELD(bp_moe, num_used), FIELD(bp_moe, ffn), FIELD(bp_moe, topk_normalised), {NULL, 0},
 };
 
 static const struct {
@@ -52,6 +58,7 @@ static const struct {
     [BP_ABI_WEIGHT] = {sizeof(bp_weight), WEIGHT_FIELDS},
     [BP_ABI_LAYER] = {sizeof(bp_layer), LAYER_FIELDS},
     [BP_ABI_SHAPE] = {sizeof(bp_shape), SHAPE_FIELDS},
+    [BP_ABI_MOE] = {sizeof(bp_moe), MOE_FIELDS},
 };
 
 #define NUM_STRUCTS (int)(sizeof STRUCTS / sizeof *STRUCTS)
