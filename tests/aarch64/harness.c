@@ -627,6 +627,85 @@ static void decode_layers_cases(void) {
     free(sin_l);
 }
 
+/* An OLMoE-like step (moe.c inside layers.c): two routed layers of 6 experts, 2 used a token (the
+ * first not rescaled, the second rescaled), Q and K normalised whole, 3 rows of which two share an
+ * expert or more; the router float32, the experts Q4_K / Q5_K (gate, up) and Q6_K (down). */
+static void moe_layers_cases(void) {
+    const int64_t dim = 256, ffn = 256, H = 4, KVH = 2, D = 64, max_len = 16, slots_n = 3, M = 3, E = 6;
+    const int64_t positions[] = {3, 7, 15}, slots[] = {2, 0, 1};
+    float *cos_t = malloc((size_t)(max_len * D / 2) * 4), *sin_t = malloc((size_t)(max_len * D / 2) * 4);
+    bp_rope_tables(D, 10000.0, max_len, NULL, 1.0f, cos_t, sin_t);
+    for (int numerics = 0; numerics < 2; numerics++) {
+        const int64_t cache = slots_n * KVH * max_len * D;
+        bp_shape s = {.dim = dim, .ffn_dim = 0, .num_heads = H, .num_kv_heads = KVH, .head_dim = D,
+                      .rope_dim = D, .max_len = max_len, .rope_style = 1, .mlp_act = BP_ACT_SILU,
+                      .eps = 1e-5f, .scale = 0.125f, .numerics = numerics};
+        bp_layer layers[2];
+        bp_moe moes[2];
+        bp_weight gate_up[2][6], down[2][6];
+        owned o[2][2], og[2][6], od[2][6];
+        float *norms[2][4], *router[2], *k_cache[2], *v_cache[2];
+        for (int l = 0; l < 2; l++) {
+            const uint64_t seed = 5000 + 1000 * (uint64_t)l;
+            const int qkv_types[] = {Q4_K, Q4_K, Q6_K}, wo_type[] = {Q4_K}, gu_types[] = {Q4_K, Q5_K},
+                      down_type[] = {Q6_K};
+            const int64_t qkv_rows[] = {H * D, KVH * D, KVH * D}, wo_rows[] = {dim}, gu_rows[] = {ffn, ffn},
+                          down_rows[] = {dim};
+            layers[l] = (bp_layer){0};
+            layers[l].wqkv = make_weight(&o[l][0], numerics, dim, 3, qkv_types, qkv_rows, seed);
+            layers[l].wo = make_weight(&o[l][1], numerics, H * D, 1, wo_type, wo_rows, seed + 10);
+            for (int e = 0; e < E; e++) {
+                gate_up[l][e] = make_weight(&og[l][e], numerics, dim, 2, gu_types, gu_rows, seed + 100 + 10 * (uint64_t)e);
+                down[l][e] = make_weight(&od[l][e], numerics, ffn, 1, down_type, down_rows, seed + 105 + 10 * (uint64_t)e);
+            }
+            router[l] = floats(E * dim, seed + 20, 0.5f);
+            moes[l] = (bp_moe){.router = {.num_parts = 1, .types = {F32}, .data = {(const uint8_t *)router[l]},
+                                          .rows = {E}, .row_bytes = {dim * 4}},
+                               .gate_up = gate_up[l], .down = down[l], .num_experts = E, .num_used = 2, .ffn = ffn,
+                               .topk_normalised = l};
+            layers[l].moe = &moes[l];
+            norms[l][0] = floats(dim, seed + 40, 2.0f);
+            norms[l][1] = floats(dim, seed + 41, 2.0f);
+            norms[l][2] = floats(H * D, seed + 42, 2.0f);
+            norms[l][3] = floats(KVH * D, seed + 43, 2.0f);
+            layers[l].attn_norm = norms[l][0];
+            layers[l].ffn_norm = norms[l][1];
+            layers[l].q_norm_full = norms[l][2];
+            layers[l].k_norm_full = norms[l][3];
+            layers[l].cos_table = cos_t;
+            layers[l].sin_table = sin_t;
+            k_cache[l] = floats(cache, seed + 50, 2.0f);
+            v_cache[l] = floats(cache, seed + 51, 1.0f);
+            layers[l].k_cache = k_cache[l];
+            layers[l].v_cache = v_cache[l];
+        }
+        float *x = floats(M * dim, 4321, 1.0f);
+        bp_decode_layers(&s, layers, 2, x, M, positions, slots, 2);
+        begin(named("decode_layers/olmoe_like/%s", numerics ? "int8" : "f32"));
+        add(x, (size_t)(M * dim) * 4);
+        for (int l = 0; l < 2; l++) {
+            add(k_cache[l], (size_t)cache * 4);
+            add(v_cache[l], (size_t)cache * 4);
+        }
+        end();
+        free(x);
+        for (int l = 0; l < 2; l++) {
+            free_owned(&o[l][0], 3);
+            free_owned(&o[l][1], 1);
+            for (int e = 0; e < E; e++) {
+                free_owned(&og[l][e], 2);
+                free_owned(&od[l][e], 1);
+            }
+            for (int j = 0; j < 4; j++) free(norms[l][j]);
+            free(router[l]);
+            free(k_cache[l]);
+            free(v_cache[l]);
+        }
+    }
+    free(cos_t);
+    free(sin_t);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1) bp_cap_isa_level(atoi(argv[1]));
     if (argc > 2) bp_prefer_pairs(atoi(argv[2]));
@@ -652,6 +731,7 @@ int main(int argc, char **argv) {
     sample_cases();
     attention_cases();
     decode_layers_cases();
+    moe_layers_cases();
     printf("# cases %d\n", cases);
     return 0;
 }
