@@ -1,5 +1,5 @@
-"""`batchproof witness --fleet N`: the server it starts and the probe flag it passes, without
-starting either (the end-to-end run needs Ray Serve and a model)."""
+"""`batchproof witness --fleet N` (and its other probe flags): the server it starts and the probe
+flags it passes, without starting either (the end-to-end run needs Ray Serve and a model)."""
 
 import argparse
 import sys
@@ -26,3 +26,14 @@ def test_a_fleet_witness_starts_batchproof_fleet_with_the_replicas(tmp_path: Pat
 def test_a_fleet_of_one_is_refused_before_anything_starts(capsys) -> None:
     assert witness.run(parse("--fleet", "1")) == 2
     assert "--fleet needs at least 2 replicas, got 1" in capsys.readouterr().err
+
+
+def test_the_matrix_the_cache_and_the_ladder_reach_the_probe(tmp_path: Path) -> None:
+    info = {"model_path": "/m/olmoe.gguf", "build_sha256": "ab" * 32, "host": "h"}
+    log = tmp_path / "batch.log"
+    plain = witness.probe_arguments(parse(), "http://127.0.0.1:9", log, info, None)
+    assert plain == ["--url", "http://127.0.0.1:9", "--server-log", str(log), "--witness", "witness.json",
+                     "--model-file", "/m/olmoe.gguf", "--binary-sha256", "ab" * 32, "--host", "h"]
+    asked = witness.probe_arguments(parse("--matrix", "moe.yaml", "--cache", "--ladder", "1,4", "--fleet", "2"),
+                                    "http://127.0.0.1:9", log, info, "c0ffee")
+    assert asked == plain + ["--commit", "c0ffee", "--ladder", "1,4", "--matrix", "moe.yaml", "--cache", "--fleet"]

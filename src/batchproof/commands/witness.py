@@ -25,6 +25,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--contract", type=Path, help="contract for the check (default: the shipped one)")
     parser.add_argument("--serve-arg", action="append", default=[],
                         help="extra flag for `batchproof serve` (or `batchproof fleet`)")
+    parser.add_argument("--matrix", type=Path,
+                        help="the probe's policy file (a perf-matrix.yaml) in place of the shipped one: its "
+                             "tokens per request, bands and witness thresholds")
+    parser.add_argument("--cache", action="store_true",
+                        help="also measure the prefix cache: each prompt cold, then warm (the probe's --cache)")
     parser.add_argument("--fleet", type=int, metavar="N",
                         help="serve with `batchproof fleet --replicas N` (Ray Serve: pip install -e '.[fleet]') and "
                              "probe it with --fleet, so the witness also shows the replicas agree")
@@ -36,6 +41,24 @@ def serve_command(args: argparse.Namespace, port: int, server_log: Path) -> list
     command = [sys.executable, "-m", "batchproof", *verb, "--port", str(port), "--log-file", str(server_log),
                *args.serve_arg]
     return command + (["--model", str(args.model)] if args.model else [])
+
+
+def probe_arguments(args: argparse.Namespace, url: str, server_log: Path, info: dict, commit: str | None
+                    ) -> list[str]:
+    """`batchproof probe`'s arguments for the server started (its /v1/server_info: `info`)."""
+    probe = ["--url", url, "--server-log", str(server_log), "--witness", str(args.out),
+             "--model-file", info["model_path"], "--binary-sha256", info["build_sha256"], "--host", info["host"]]
+    if commit:
+        probe += ["--commit", commit]
+    if args.ladder:
+        probe += ["--ladder", args.ladder]
+    if args.matrix:
+        probe += ["--matrix", str(args.matrix)]
+    if args.cache:
+        probe += ["--cache"]
+    if args.fleet is not None:
+        probe += ["--fleet"]
+    return probe
 
 
 def _wait_healthy(url: str, process: subprocess.Popen, log: Path, verb: str) -> dict:
@@ -94,17 +117,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"witness: the server reports build {info.get('build_sha256')}, not ours ({build_sha256()})",
                   file=sys.stderr)
             return 1
-        probe = ["--url", url, "--server-log", str(server_log), "--witness", str(args.out),
-                 "--model-file", info["model_path"], "--binary-sha256", info["build_sha256"],
-                 "--host", info["host"]]
-        commit = info.get("git_commit") or git_commit()
-        if commit:
-            probe += ["--commit", commit]
-        if args.ladder:
-            probe += ["--ladder", args.ladder]
-        if args.fleet is not None:
-            probe += ["--fleet"]
-        probe_code = _run_verb(probe_verb, probe)
+        probe_code = _run_verb(probe_verb, probe_arguments(args, url, server_log, info,
+                                                           info.get("git_commit") or git_commit()))
     except RuntimeError as e:
         print(f"witness: {e}", file=sys.stderr)
         return 1
