@@ -599,7 +599,7 @@ static void decode_layers_cases(void) {
                 layers[l].v_cache = v_cache[l];
             }
             float *x = floats(M * dim, 1234, 1.0f);
-            bp_decode_layers(&s, layers, 2, x, M, positions, slots, 2);
+            bp_decode_layers(&s, layers, 2, x, M, positions, slots, NULL, 2);
             char label[48];
             snprintf(label, sizeof label, "%s/%s", gemma ? "gemma3_like" : "llama_like", numerics ? "int8" : "f32");
             begin(named("decode_layers/%s", label));
@@ -680,9 +680,11 @@ static void moe_layers_cases(void) {
             layers[l].v_cache = v_cache[l];
         }
         float *x = floats(M * dim, 4321, 1.0f);
-        bp_decode_layers(&s, layers, 2, x, M, positions, slots, 2);
+        int64_t routes[2 * M * 2];
+        bp_decode_layers(&s, layers, 2, x, M, positions, slots, routes, 2);
         begin(named("decode_layers/olmoe_like/%s", numerics ? "int8" : "f32"));
         add(x, (size_t)(M * dim) * 4);
+        add(routes, sizeof routes);
         for (int l = 0; l < 2; l++) {
             add(k_cache[l], (size_t)cache * 4);
             add(v_cache[l], (size_t)cache * 4);

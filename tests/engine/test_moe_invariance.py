@@ -80,22 +80,22 @@ def test_alone_equals_batched_chunked_and_warm_cache(name, source, numerics, sou
 def test_the_fused_decode_step_is_the_op_by_op_bits(name, source, numerics, sources):
     """A decode step runs every layer in one C call (layers.c; the routing and the experts by
     moe.c), or op by op with the fused calls off (the router, top k, exp_fixed and the experts from
-    Python), or op by op with one row's experts in one C call (bp_moe_row: a request asking for its
-    routing): every request alone and all six together, the same bits on each route."""
+    Python): every request alone and all six together, the same bits; and asked for its routing,
+    the same receipt both ways (the fused call writing out the experts it chose)."""
     fused, by_ops = (engine_on(sources[name][source], numerics=numerics, prefix_cache=False) for _ in range(2))
     by_ops.model.ops.is_fused = False
     requests = _prompts()
     expected = run(by_ops, requests)
     assert all(np.array_equal(got, expected[rid]) for rid, got in run(fused, requests).items()), "batched"
-    calls = []
-    fused_rows = fused.model.ops.moe_row
-    fused.model.ops.moe_row = lambda *a: calls.append(1) or fused_rows(*a)
+    routed = {rid: (prompt, dataclasses.replace(params, return_routed_experts=True))
+              for rid, (prompt, params) in requests.items()}
+    receipts = {label: {rid: deltas[-1].routed_experts for rid, deltas in engine.generate(routed).items()}
+                for label, engine in (("fused", fused), ("by ops", by_ops))}
     for rid, (prompt, params) in requests.items():
         assert np.array_equal(run(by_ops, {rid: (prompt, params)})[rid], expected[rid]), f"{rid} alone"
         assert np.array_equal(run(fused, {rid: (prompt, params)})[rid], expected[rid]), f"{rid} fused"
-        routed = dataclasses.replace(params, return_routed_experts=True)
-        assert np.array_equal(run(fused, {rid: (prompt, routed)})[rid], expected[rid]), f"{rid} bp_moe_row"
-    assert calls  # a routed request's steps ran op by op, each row's experts in one call
+        assert receipts["fused"][rid].shape == (len(prompt) + params.max_tokens - 1, *receipts["fused"][rid].shape[1:])
+        assert np.array_equal(receipts["fused"][rid], receipts["by ops"][rid]), f"{rid} routes"
     described = fused.model.ops._fused
     assert described is not None and len(described.moes) == sum(layer.moe is not None
                                                                   for layer in fused.model.layers) > 0

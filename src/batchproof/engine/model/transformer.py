@@ -93,7 +93,7 @@ class Transformer:
         self.embed_scale = (None if spec.embed_scale is None
                             else torch.tensor(spec.embed_scale, dtype=final_norm.dtype, device=self.device))
         self._act = ops.gelu_tanh_mul if spec.mlp_act == "gelu_tanh" else ops.silu_mul
-        self._moe = MoeMlp(ops, self._act, RoutingRule(spec.num_experts_used, spec.is_topk_normalised), spec.mlp_act)
+        self._moe = MoeMlp(ops, self._act, RoutingRule(spec.num_experts_used, spec.is_topk_normalised))
         # Each MoE layer's place among them: its axis in a routing receipt or a replayed routing.
         self.moe_index = {i: j for j, i in enumerate(i for i in range(spec.num_layers) if spec.is_moe_layer(i))}
 
@@ -250,10 +250,7 @@ class Transformer:
         keys, so no row's arithmetic depends on how many others share the step.
         """
         x = self._embed(token_ids)  # [rows, dim]
-        if routes is not None:  # op by op, as the ops run every MoE model: the fused call records nothing
-            x = self.decode_layers(x, positions, slots, num_real, cache, routes)
-        else:
-            x = self.ops.decode_layers(self, x, positions, slots, num_real, cache)
+        x = self.ops.decode_layers(self, x, positions, slots, num_real, cache, routes)
         return self._norm(x, self.final_norm)
 
     def decode_layers(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, num_real: int,

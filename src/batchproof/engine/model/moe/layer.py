@@ -10,7 +10,7 @@ batch, in any prefill chunk.
 """
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -26,9 +26,6 @@ class MoeWeights:
     router: torch.Tensor  # [experts, dim] float
     gate_up: list[Weight]  # per expert: [2 * expert_ffn, dim] ([gate | up])
     down: list[Weight]  # per expert: [dim, expert_ffn]
-    # The experts as a backend describes them once for its one-row call (KernelOps.moe_row);
-    # a weight swap brings new MoeWeights, so a description never outlives its tensors.
-    described: object = field(default=None, repr=False, compare=False)
 
     def tensors(self) -> Iterator[Weight]:
         yield self.router
@@ -39,10 +36,8 @@ class MoeWeights:
 class MoeMlp:
     """The routed MLP of one architecture (its rule and activation fixed at load)."""
 
-    def __init__(self, ops: Ops, act: Callable[[torch.Tensor], torch.Tensor], rule: RoutingRule,
-                 act_kind: str = "silu") -> None:
+    def __init__(self, ops: Ops, act: Callable[[torch.Tensor], torch.Tensor], rule: RoutingRule) -> None:
         self.ops, self.act, self.rule = ops, act, rule
-        self.act_kind = act_kind  # act's name (spec.mlp_act), for a backend that runs it itself
 
     def __call__(self, h: torch.Tensor, weights: MoeWeights, routes: list[torch.Tensor] | None = None,
                  forced: torch.Tensor | None = None) -> torch.Tensor:
@@ -79,10 +74,9 @@ class MoeMlp:
 
     def _one_row(self, h: torch.Tensor, weights: MoeWeights, ids: torch.Tensor,
                  expert_weights: torch.Tensor) -> torch.Tensor:
-        """One token (a decode step of one sequence): no grouping to do, so none of its sorting,
-        gathering and scattering; the backend runs the row through its experts (row_by_ops, or
-        the kernels' one call: KernelOps.moe_row)."""
-        return self.ops.moe_row(self, h, weights, ids[0].tolist(), expert_weights)
+        """One token (a decode step of one sequence, op by op): no grouping to do, so none of its
+        sorting, gathering and scattering."""
+        return self.row_by_ops(h, weights, ids[0].tolist(), expert_weights)
 
     def row_by_ops(self, h: torch.Tensor, weights: MoeWeights, ids: list[int],
                    expert_weights: torch.Tensor) -> torch.Tensor:

@@ -86,13 +86,10 @@ class Ops(Protocol):
         `window` ones when window > 0) -> [B, heads, hd]."""
 
     def decode_layers(self, model, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, num_real: int,
-                      cache: KVCache) -> torch.Tensor:
+                      cache: KVCache, routes: list[torch.Tensor] | None = None) -> torch.Tensor:
         """Every layer of a decode step over the residual stream x [rows, dim]: the model's
-        own op-by-op loop (model.decode_layers), or the same ops fused into one call."""
-
-    def moe_row(self, moe, h: torch.Tensor, weights, ids: list[int], expert_weights: torch.Tensor) -> torch.Tensor:
-        """One row [1, dim] through an MoE layer's experts `ids` (slot order), weighted and summed:
-        the layer's own op-by-op loop (moe.row_by_ops), or the same ops in one call."""
+        own op-by-op loop (model.decode_layers), or the same ops fused into one call; `routes`, when
+        a request in the step asked for its routing: each MoE layer's experts [rows, k] appended."""
 
     def normalizer_and_top_k(self, logits: torch.Tensor, k: int) -> tuple[Normalizer, TopK]:
         """Each row's log-softmax normaliser and its best k, each row on its own fixed-order sums."""

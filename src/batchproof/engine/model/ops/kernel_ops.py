@@ -100,9 +100,10 @@ class KernelOps:
                                         window)
 
     def decode_layers(self, model, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, num_real: int,
-                      cache: KVCache) -> torch.Tensor:
+                      cache: KVCache, routes: list[torch.Tensor] | None = None) -> torch.Tensor:
         """All layers in one C call (layers.c), the same kernels in the same order as
-        model.decode_layers, so the same bits."""
+        model.decode_layers, so the same bits; `routes` gets each MoE layer's experts [rows, k]
+        appended in layer order, as model.decode_layers appends them."""
         described = self._fused_for
         # Described once per weights and cache, keyed by the objects themselves (held, so never
         # reused), not their addresses: a freed model's address can come back with the next load.
@@ -113,20 +114,14 @@ class KernelOps:
             ) if model.spec.arch in FUSED_ARCHS else None
             self._fused_for = (model.identity, cache)
         if self._fused is None or not self.is_fused:
-            return model.decode_layers(x, positions, slots, num_real, cache)
+            return model.decode_layers(x, positions, slots, num_real, cache, routes)
         x = x.contiguous()
-        self._fused(x, positions, slots, self.num_threads)
+        chosen = None if routes is None else torch.empty(len(self._fused.moes), x.shape[0],
+                                                          model.spec.num_experts_used, dtype=torch.int64)
+        self._fused(x, positions, slots, self.num_threads, chosen)
+        if routes is not None:
+            routes.extend(chosen.unbind(0))
         return x
-
-    def moe_row(self, moe, h: torch.Tensor, weights, ids: list[int], expert_weights: torch.Tensor) -> torch.Tensor:
-        """One row through its MoE experts in one C call (moe.c's bp_moe_row): the kernels and
-        float operations of moe.row_by_ops, in its order, so the same bits; the experts are
-        described once per MoeWeights."""
-        if not self.is_fused:  # tests compare with the op-by-op path
-            return moe.row_by_ops(h, weights, ids, expert_weights)
-        if weights.described is None:
-            weights.described = kernels.MoeRows(weights.gate_up, weights.down)
-        return weights.described(h, ids, expert_weights, moe.act_kind, self.is_int8, self.num_threads)
 
     def first_max(self, logits: torch.Tensor) -> torch.Tensor:
         return kernels.first_max(logits.float())

@@ -380,30 +380,6 @@ def _weight(w: torch.Tensor | QuantWeight | None) -> Weight:
     return out
 
 
-class MoeRows:
-    """An MoE layer's experts described once for bp_moe_row (moe.c): each expert's fused gate
-    and up, and its down, as the fused decode describes a dense layer's; `keep` holds them."""
-
-    def __init__(self, gate_up: list, down: list) -> None:
-        self.keep = (gate_up, down)
-        self.gate_up = (Weight * len(gate_up))(*map(_weight, gate_up))
-        self.down = (Weight * len(down))(*map(_weight, down))
-        self.dim, self.ffn = gate_up[0].shape[1], gate_up[0].shape[0] // 2
-
-    def __call__(self, h: torch.Tensor, ids: list[int], expert_weights: torch.Tensor, act: str, is_int8: bool,
-                 num_threads: int) -> torch.Tensor:
-        """h [1, dim], ids the row's experts in slot order, expert_weights [1, k] -> [1, dim]."""
-        assert h.shape == (1, self.dim) and h.dtype == torch.float32 and expert_weights.dtype == torch.float32
-        h, expert_weights = h.contiguous(), expert_weights.contiguous()
-        # the C call indexes the experts by these ids: one out of range would read past them
-        assert ids and min(ids) >= 0 and max(ids) < len(self.down) and expert_weights.shape == (1, len(ids))
-        out = torch.empty(1, self.dim, dtype=torch.float32)
-        _library().bp_moe_row(self.gate_up, self.down, (ctypes.c_int64 * len(ids))(*ids), _ptr(expert_weights),
-                              len(ids), _ptr(h), self.dim, self.ffn, ACTIVATIONS[act], int(is_int8), _ptr(out),
-                              num_threads)
-        return out
-
-
 class DecodeLayers:
     """A model's layers over one KV cache, described once, so a decode step runs them all in
     one C call; `keep` holds every tensor whose address the description records.
@@ -441,10 +417,14 @@ class DecodeLayers:
         self.moes.append((out, gate_up, down))
         return out
 
-    def __call__(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, num_threads: int) -> None:
-        """x: [rows, dim] residual stream, updated in place through every layer."""
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, num_threads: int,
+                 routes: torch.Tensor | None = None) -> None:
+        """x: [rows, dim] residual stream, updated in place through every layer; routes, when
+        given: [routed layers, rows, k] int64, filled with each routed layer's experts."""
         assert x.is_contiguous() and x.dtype == torch.float32
+        assert routes is None or (routes.dtype == torch.int64 and routes.is_contiguous()
+                                  and routes.shape[:2] == (len(self.moes), x.shape[0]))
         positions = positions.to(torch.int64).contiguous()
         slots = slots.to(torch.int64).contiguous()
         _library().bp_decode_layers(ctypes.byref(self.shape), self.layers, len(self.layers), _ptr(x), x.shape[0],
-                                    _ptr(positions), _ptr(slots), num_threads)
+                                    _ptr(positions), _ptr(slots), _ptr(routes), num_threads)

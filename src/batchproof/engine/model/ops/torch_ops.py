@@ -131,11 +131,8 @@ class TorchOps:
         return out.flatten(1, 2)
 
     def decode_layers(self, model, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, num_real: int,
-                      cache: KVCache) -> torch.Tensor:
-        return model.decode_layers(x, positions, slots, num_real, cache)
-
-    def moe_row(self, moe, h: torch.Tensor, weights, ids: list[int], expert_weights: torch.Tensor) -> torch.Tensor:
-        return moe.row_by_ops(h, weights, ids, expert_weights)
+                      cache: KVCache, routes: list[torch.Tensor] | None = None) -> torch.Tensor:
+        return model.decode_layers(x, positions, slots, num_real, cache, routes)
 
     def normalizer_and_top_k(self, logits: torch.Tensor, k: int) -> tuple[Normalizer, TopK]:
         return logprobs.normalizer_and_top_k(logits, k)

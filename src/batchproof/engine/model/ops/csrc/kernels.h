@@ -172,13 +172,10 @@ typedef struct {
     int32_t numerics; /* BP_NUMERICS_*: which matmul every quantized weight runs */
 } bp_shape;
 
+/* routes: NULL, or room for each routed layer's experts [routed layers, M, k] (int64, each row's
+ * in increasing id, the layers in order): the routing receipt's rows (moe/receipt.py). */
 void bp_decode_layers(const bp_shape *s, const bp_layer *layers, int64_t num_layers, float *x, int64_t M,
-                      const int64_t *positions, const int64_t *slots, int num_threads);
-/* One row through an MoE layer's chosen experts (moe.c): out [dim] = sum over slots j, in order,
- * of weights[j] * down[ids[j]](act(gate_up[ids[j]] h)); act BP_ACT_*, numerics BP_NUMERICS_*. */
-void bp_moe_row(const bp_weight *gate_up, const bp_weight *down, const int64_t *ids, const float *weights,
-                int64_t k, const float *h, int64_t dim, int64_t ffn, int32_t act, int32_t numerics, float *out,
-                int num_threads);
+                      const int64_t *positions, const int64_t *slots, int64_t *routes, int num_threads);
 
 /* ---------------- the machine's limits, for the bench (peak.c) ---------------- */
 

@@ -84,7 +84,7 @@ static void qkv(const bp_shape *s, const bp_layer *L, scratch *t, int64_t M, con
 }
 
 static void layer(const bp_shape *s, const bp_layer *L, scratch *t, float *x, int64_t M, const int64_t *positions,
-                  const int64_t *slots, int num_threads) {
+                  const int64_t *slots, int64_t *routes, int num_threads) {
     int64_t q_dim = s->num_heads * s->head_dim;
     bp_rms_norm_f32(x, L->attn_norm, t->h, M, s->dim, s->eps);
     qkv(s, L, t, M, positions, slots, num_threads);
@@ -93,7 +93,7 @@ static void layer(const bp_shape *s, const bp_layer *L, scratch *t, float *x, in
     add_output(s, &L->wo, L->post_attn_norm, t->attn, q_dim, x, t->out, M, num_threads);
     bp_rms_norm_f32(x, L->ffn_norm, t->h, M, s->dim, s->eps);
     if (L->moe) { /* as transformer.py's _mlp: x + the experts' weighted sum, no post-norm */
-        bp_moe_mlp(s, L->moe, t->h, t->out, M, num_threads);
+        bp_moe_mlp(s, L->moe, t->h, t->out, M, routes, num_threads);
         for (int64_t i = 0; i < M * s->dim; i++) x[i] = x[i] + t->out[i];
         return;
     }
@@ -106,7 +106,7 @@ static void layer(const bp_shape *s, const bp_layer *L, scratch *t, float *x, in
 }
 
 void bp_decode_layers(const bp_shape *s, const bp_layer *layers, int64_t num_layers, float *x, int64_t M,
-                      const int64_t *positions, const int64_t *slots, int num_threads) {
+                      const int64_t *positions, const int64_t *slots, int64_t *routes, int num_threads) {
     int64_t q_dim = s->num_heads * s->head_dim, width = q_dim + 2 * s->num_kv_heads * s->head_dim;
     size_t rows = (size_t)M * 4;
     scratch t = {
@@ -115,6 +115,10 @@ void bp_decode_layers(const bp_shape *s, const bp_layer *layers, int64_t num_lay
         .act = malloc(rows * s->ffn_dim), .lengths = malloc((size_t)M * 8),
     };
     for (int64_t r = 0; r < M; r++) t.lengths[r] = positions[r] + 1;
-    for (int64_t i = 0; i < num_layers; i++) layer(s, layers + i, &t, x, M, positions, slots, num_threads);
+    for (int64_t i = 0; i < num_layers; i++) {
+        const bp_moe *moe = layers[i].moe;
+        layer(s, layers + i, &t, x, M, positions, slots, routes, num_threads);
+        if (routes && moe) routes += M * moe->num_used; /* the next routed layer's rows */
+    }
     free(t.h); free(t.qkv); free(t.q); free(t.attn); free(t.out); free(t.gate_up); free(t.act); free(t.lengths);
 }

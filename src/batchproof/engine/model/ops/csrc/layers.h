@@ -9,8 +9,9 @@
 BP_INTERNAL void bp_weight_linear(const bp_shape *s, const bp_weight *w, const float *x, const float *b, float *y,
                                   int64_t M, int64_t K, int accumulate, int num_threads);
 
-/* An MoE layer's MLP on M normalised rows h [M, dim] -> out [M, dim], the residual not added. */
+/* An MoE layer's MLP on M normalised rows h [M, dim] -> out [M, dim], the residual not added;
+ * each row's experts (increasing id) into routes [M, num_used] unless it is NULL. */
 BP_INTERNAL void bp_moe_mlp(const bp_shape *s, const bp_moe *m, const float *h, float *out, int64_t M,
-                            int num_threads);
+                            int64_t *routes, int num_threads);
 
 #endif

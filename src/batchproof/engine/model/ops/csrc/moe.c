@@ -2,7 +2,8 @@
  * moe/routing.py and the weighted sum of moe/layer.py, the same kernels and the same float
  * operations in the same order, so the same bits as the op-by-op path; what goes is the Python
  * between them (the router's matmul, its top k and normaliser, the exp of the kept log-probs,
- * the rescaling and sort, then the experts' calls: ~20 calls a layer a step).
+ * the rescaling and sort, then the experts' calls: ~20 calls a layer a step). The experts chosen
+ * are written out where a request asked for its routing receipt.
  *
  * Rows routed to one expert share one matmul (its weights read once a step, not once a token),
  * which changes no bit: every linear computes each output row on its own (kernels.h).
@@ -108,22 +109,14 @@ static void experts(const bp_shape *s, const bp_weight *gate_up, const bp_weight
     free(outs); free(rows); free(gu); free(a); free(o); free(pairs);
 }
 
-void bp_moe_mlp(const bp_shape *s, const bp_moe *m, const float *h, float *out, int64_t M, int num_threads) {
+void bp_moe_mlp(const bp_shape *s, const bp_moe *m, const float *h, float *out, int64_t M, int64_t *routes,
+                int num_threads) {
     const int64_t E = m->num_experts, k = m->num_used;
     float *logits = malloc((size_t)(M * E) * 4), *weights = malloc((size_t)(M * k) * 4);
     int64_t *ids = malloc((size_t)(M * k) * 8);
     bp_weight_linear(s, &m->router, h, NULL, logits, M, s->dim, 0, num_threads);
     route(m, logits, M, ids, weights);
+    if (routes) memcpy(routes, ids, (size_t)(M * k) * 8);
     experts(s, m->gate_up, m->down, E, m->ffn, ids, weights, k, h, out, M, num_threads);
     free(logits); free(weights); free(ids);
-}
-
-/* The op-by-op path's one row (moe/layer.py's _one_row, KernelOps.moe_row): its experts given. */
-void bp_moe_row(const bp_weight *gate_up, const bp_weight *down, const int64_t *ids, const float *weights,
-                int64_t k, const float *h, int64_t dim, int64_t ffn, int32_t act, int32_t numerics, float *out,
-                int num_threads) {
-    const bp_shape s = {.dim = dim, .mlp_act = act, .numerics = numerics};
-    int64_t E = 0;
-    for (int64_t j = 0; j < k; j++) E = ids[j] + 1 > E ? ids[j] + 1 : E;
-    experts(&s, gate_up, down, E, ffn, ids, weights, k, h, out, 1, num_threads);
 }
