@@ -73,15 +73,14 @@ static void route(const bp_moe *m, const float *logits, int64_t M, int64_t *ids,
 /* out [M, dim] = for each row, sum over its slots j in order of weights[j] * expert ids[j](h):
  * each expert once, on the rows routed to it gathered (fused gate and up, the gated activation,
  * down), each result to its (row, slot); then the sum slot by slot as moe/layer.py forms it. */
-static void experts(const bp_shape *s, const bp_weight *gate_up, const bp_weight *down, int64_t E, int64_t ffn,
-                    const int64_t *ids, const float *weights, int64_t k, const float *h, float *out, int64_t M,
-                    int num_threads) {
-    const int64_t dim = s->dim;
+static void experts(const bp_shape *s, const bp_moe *m, const int64_t *ids, const float *weights, const float *h,
+                    float *out, int64_t M, int num_threads) {
+    const int64_t dim = s->dim, ffn = m->ffn, k = m->num_used;
     float *outs = malloc((size_t)(M * k * dim) * 4), *rows = malloc((size_t)(M * dim) * 4);
     float *gu = malloc((size_t)(M * 2 * ffn) * 4), *a = malloc((size_t)(M * ffn) * 4);
     float *o = malloc((size_t)(M * dim) * 4);
     int64_t *pairs = malloc((size_t)(M * k) * 8);
-    for (int64_t e = 0; e < E; e++) {
+    for (int64_t e = 0; e < m->num_experts; e++) {
         int64_t count = 0;
         for (int64_t p = 0; p < M * k; p++) {
             if (ids[p] != e) continue;
@@ -89,12 +88,12 @@ static void experts(const bp_shape *s, const bp_weight *gate_up, const bp_weight
             pairs[count++] = p;
         }
         if (!count) continue;
-        bp_weight_linear(s, gate_up + e, rows, NULL, gu, count, dim, 0, num_threads);
+        bp_weight_linear(s, m->gate_up + e, rows, NULL, gu, count, dim, 0, num_threads);
         if (s->mlp_act == BP_ACT_GELU_TANH)
             bp_gelu_tanh_mul_f32(gu, a, count, ffn, num_threads);
         else
             bp_silu_mul_f32(gu, a, count, ffn, num_threads);
-        bp_weight_linear(s, down + e, a, NULL, o, count, ffn, 0, num_threads);
+        bp_weight_linear(s, m->down + e, a, NULL, o, count, ffn, 0, num_threads);
         for (int64_t c = 0; c < count; c++) memcpy(outs + pairs[c] * dim, o + c * dim, (size_t)dim * 4);
     }
     for (int64_t r = 0; r < M; r++)
@@ -117,6 +116,6 @@ void bp_moe_mlp(const bp_shape *s, const bp_moe *m, const float *h, float *out, 
     bp_weight_linear(s, &m->router, h, NULL, logits, M, s->dim, 0, num_threads);
     route(m, logits, M, ids, weights);
     if (routes) memcpy(routes, ids, (size_t)(M * k) * 8);
-    experts(s, m->gate_up, m->down, E, m->ffn, ids, weights, k, h, out, M, num_threads);
+    experts(s, m, ids, weights, h, out, M, num_threads);
     free(logits); free(weights); free(ids);
 }
