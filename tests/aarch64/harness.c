@@ -537,6 +537,20 @@ static void free_owned(owned *o, int num_parts) {
     }
 }
 
+/* A two-layer fused step's digest: its residual stream x (n floats), `extra`'s bytes (its routes,
+ * or none), then each layer's K and V caches (`cache` floats each). */
+static void digest_step(const char *name, const float *x, int64_t n, const void *extra, size_t extra_bytes,
+                        float *const k_cache[2], float *const v_cache[2], int64_t cache) {
+    begin(name);
+    add(x, (size_t)n * 4);
+    if (extra) add(extra, extra_bytes);
+    for (int l = 0; l < 2; l++) {
+        add(k_cache[l], (size_t)cache * 4);
+        add(v_cache[l], (size_t)cache * 4);
+    }
+    end();
+}
+
 static void decode_layers_cases(void) {
     const int64_t dim = 256, ffn = 512, H = 4, KVH = 2, D = 64, max_len = 16, slots_n = 3, M = 3;
     const int64_t positions[] = {0, 4, 15}, slots[] = {1, 2, 0};
@@ -602,13 +616,7 @@ static void decode_layers_cases(void) {
             bp_decode_layers(&s, layers, 2, x, M, positions, slots, NULL, 2);
             char label[48];
             snprintf(label, sizeof label, "%s/%s", gemma ? "gemma3_like" : "llama_like", numerics ? "int8" : "f32");
-            begin(named("decode_layers/%s", label));
-            add(x, (size_t)(M * dim) * 4);
-            for (int l = 0; l < 2; l++) {
-                add(k_cache[l], (size_t)cache * 4);
-                add(v_cache[l], (size_t)cache * 4);
-            }
-            end();
+            digest_step(named("decode_layers/%s", label), x, M * dim, NULL, 0, k_cache, v_cache, cache);
             free(x);
             for (int l = 0; l < 2; l++) {
                 free_owned(&o[l][0], qkv_parts);
@@ -682,14 +690,8 @@ static void moe_layers_cases(void) {
         float *x = floats(M * dim, 4321, 1.0f);
         int64_t routes[2 * M * 2];
         bp_decode_layers(&s, layers, 2, x, M, positions, slots, routes, 2);
-        begin(named("decode_layers/olmoe_like/%s", numerics ? "int8" : "f32"));
-        add(x, (size_t)(M * dim) * 4);
-        add(routes, sizeof routes);
-        for (int l = 0; l < 2; l++) {
-            add(k_cache[l], (size_t)cache * 4);
-            add(v_cache[l], (size_t)cache * 4);
-        }
-        end();
+        digest_step(named("decode_layers/olmoe_like/%s", numerics ? "int8" : "f32"), x, M * dim, routes, sizeof routes,
+                    k_cache, v_cache, cache);
         free(x);
         for (int l = 0; l < 2; l++) {
             free_owned(&o[l][0], 3);
