@@ -53,8 +53,8 @@ class MoeMlp:
         if routes is not None:
             routes.append(own)
         n, k = ids.shape
-        if n == 1:
-            return self._one_row(h, weights, ids, expert_weights)
+        if n == 1:  # one token (op by op): no grouping to do, so none of its sorting, gathering, scattering
+            return self._one_row(h, weights, ids[0].tolist(), expert_weights)
         flat = ids.flatten()  # [n * k]: token t's slot j at t * k + j
         tokens = torch.arange(n, device=h.device).repeat_interleave(k)
         order = torch.argsort(flat, stable=True)  # the (token, slot) pairs grouped by expert
@@ -72,13 +72,7 @@ class MoeMlp:
             total = total + outs[:, j] * expert_weights[:, j:j + 1]
         return total
 
-    def _one_row(self, h: torch.Tensor, weights: MoeWeights, ids: torch.Tensor,
-                 expert_weights: torch.Tensor) -> torch.Tensor:
-        """One token (a decode step of one sequence, op by op): no grouping to do, so none of its
-        sorting, gathering and scattering."""
-        return self.row_by_ops(h, weights, ids[0].tolist(), expert_weights)
-
-    def row_by_ops(self, h: torch.Tensor, weights: MoeWeights, ids: list[int],
+    def _one_row(self, h: torch.Tensor, weights: MoeWeights, ids: list[int],
                    expert_weights: torch.Tensor) -> torch.Tensor:
         """Each of the row's experts on it, in its slots' order, summed as the grouped path sums:
         each operation the one the grouped path applies to this row, so the same bits."""
